@@ -1,0 +1,258 @@
+"""Number formats: the format table, numcheck's own rounding, and ULP distances.
+
+Every rounding here is numcheck's own arithmetic on float64 bit patterns, exact by construction:
+the input's exponent comes from its bits, the value is scaled by an exact power of two so that
+one quantum of the target is 1.0, and the integer/fraction split of that scaled value (exact
+below 2^53) decides the rounding. There is no intermediate cast, so there is no double rounding
+(torch and ml_dtypes cast fp64 -> fp32 -> target and get values within 2^-30 of a midpoint wrong;
+see docs/formats.md). Library casts appear only as oracles in tests.
+
+Conventions (written down once, tested in tests/test_formats_*.py):
+
+* ``saturate=True`` clamps every non-NaN input into [-max, max], infinities included (OCP FP8
+  saturating conversion; what torch's e4m3fn cast does).
+* ``saturate=False`` is the format's own overflow: inf for fp64/fp32/tf32/bf16/fp16/e5m2, NaN for
+  e4m3 (no inf encoding) and e8m0. e2m3, e3m2, e2m1 have neither and always saturate.
+  Round-toward-zero never overflows a finite input to inf (IEEE 754-2019 section 7.4): it gives max.
+* NaN stays NaN. e2m3/e3m2/e2m1 have no NaN encoding (in MX the NaN lives in the block scale):
+  round_to still returns NaN, being float64; ml_dtypes writes -0 there (a documented finding).
+* Signed zero is kept: a negative value that rounds to zero gives -0.0.
+* e8m0 holds only 2^-127 .. 2^127 (no sign, no zero, code 0xFF = NaN). Positive values round to
+  the nearest power of two (linear midpoint 1.5 * 2^k; ties go up, to the even code word) and
+  clamp at 2^-127 from below; negative values and NaN give NaN. Zero has no encoding: 2^-127 with
+  saturate=True (torch's code 0x00), NaN with saturate=False (ml_dtypes).
+* tf32 is fp32's exponent range with a 10-bit mantissa, subnormals included (min 2^-136).
+* Stochastic rounding rounds up with probability frac(|x| / quantum), drawn as a 53-bit uniform:
+  exact for every fraction with at most 53 bits (all inputs at or above the target's normal range).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from .errors import UsageError
+
+ROUNDINGS = ("rne", "rz", "rna", "sr")
+
+
+@dataclass(frozen=True)
+class Format:
+    """One number format. Constants are exact (hex floats); tests re-derive them from the bits."""
+
+    name: str
+    ebits: int
+    mbits: int  # explicit fraction bits
+    bias: int
+    emin: int  # unbiased exponent of the smallest normal
+    emax: int  # unbiased exponent of the largest finite value
+    max: float
+    min_normal: float
+    min_subnormal: float | None  # None: the format has no subnormals
+    has_inf: bool
+    has_nan: bool
+    signed: bool
+    inf_encoding: str
+    nan_encoding: str
+    torch_dtype: str | None  # attribute name in torch, where torch has the dtype
+    ml_dtypes_dtype: str | None  # attribute name in ml_dtypes (numpy's own for fp64/fp32/fp16)
+
+    @property
+    def bits(self) -> int:
+        return int(self.signed) + self.ebits + self.mbits
+
+    @property
+    def eps(self) -> float:
+        """Distance from 1.0 to the next larger value: 2^-mbits."""
+        return 2.0 ** -self.mbits
+
+    @property
+    def unit_roundoff(self) -> float:
+        """Largest relative error of round-to-nearest in the normal range: 2^-(mbits+1)."""
+        return 2.0 ** -(self.mbits + 1)
+
+    @property
+    def always_saturates(self) -> bool:
+        return not self.has_inf and not self.has_nan
+
+    @property
+    def torch(self) -> torch.dtype | None:
+        return getattr(torch, self.torch_dtype) if self.torch_dtype else None
+
+
+def _f(h: str) -> float:
+    return float.fromhex(h)
+
+
+FORMATS: dict[str, Format] = {f.name: f for f in [
+    Format("fp64", 11, 52, 1023, -1022, 1023, _f("0x1.fffffffffffffp1023"), _f("0x1p-1022"),
+           _f("0x1p-1074"), True, True, True, "S.11111111111.0{52}", "S.11111111111.(nonzero)",
+           "float64", "float64"),
+    Format("fp32", 8, 23, 127, -126, 127, _f("0x1.fffffep127"), _f("0x1p-126"), _f("0x1p-149"),
+           True, True, True, "S.11111111.0{23}", "S.11111111.(nonzero)", "float32", "float32"),
+    Format("tf32", 8, 10, 127, -126, 127, _f("0x1.ffcp127"), _f("0x1p-126"), _f("0x1p-136"),
+           True, True, True, "as fp32", "as fp32", None, None),
+    Format("bf16", 8, 7, 127, -126, 127, _f("0x1.fep127"), _f("0x1p-126"), _f("0x1p-133"),
+           True, True, True, "S.11111111.0000000", "S.11111111.(nonzero)", "bfloat16", "bfloat16"),
+    Format("fp16", 5, 10, 15, -14, 15, _f("0x1.ffcp15"), _f("0x1p-14"), _f("0x1p-24"),
+           True, True, True, "S.11111.0{10}", "S.11111.(nonzero)", "float16", "float16"),
+    Format("e4m3", 4, 3, 7, -6, 8, _f("0x1.cp8"), _f("0x1p-6"), _f("0x1p-9"),
+           False, True, True, "none", "S.1111.111", "float8_e4m3fn", "float8_e4m3fn"),
+    Format("e5m2", 5, 2, 15, -14, 15, _f("0x1.cp15"), _f("0x1p-14"), _f("0x1p-16"),
+           True, True, True, "S.11111.00", "S.11111.{01,10,11}", "float8_e5m2", "float8_e5m2"),
+    Format("e2m3", 2, 3, 1, 0, 2, _f("0x1.ep2"), _f("0x1p0"), _f("0x1p-3"),
+           False, False, True, "none", "none", None, "float6_e2m3fn"),
+    Format("e3m2", 3, 2, 3, -2, 4, _f("0x1.cp4"), _f("0x1p-2"), _f("0x1p-4"),
+           False, False, True, "none", "none", None, "float6_e3m2fn"),
+    Format("e2m1", 2, 1, 1, 0, 2, _f("0x1.8p2"), _f("0x1p0"), _f("0x1p-1"),
+           False, False, True, "none", "none", "float4_e2m1fn_x2", "float4_e2m1fn"),
+    Format("e8m0", 8, 0, 127, -127, 127, _f("0x1p127"), _f("0x1p-127"), None,
+           False, True, False, "none", "11111111", "float8_e8m0fnu", "float8_e8m0fnu"),
+]}
+
+_ALIASES = {
+    "float64": "fp64", "double": "fp64", "float32": "fp32", "float": "fp32",
+    "bfloat16": "bf16", "float16": "fp16", "half": "fp16",
+    "float8_e4m3fn": "e4m3", "float8_e5m2": "e5m2", "float6_e2m3fn": "e2m3",
+    "float6_e3m2fn": "e3m2", "float4_e2m1fn": "e2m1", "float4_e2m1fn_x2": "e2m1",
+    "float8_e8m0fnu": "e8m0",
+}
+
+
+def get(fmt: str | Format | torch.dtype) -> Format:
+    """Look a format up by name (``"bf16"``, ``"e4m3"``, ``"bfloat16"``), Format or torch dtype."""
+    if isinstance(fmt, Format):
+        return fmt
+    if isinstance(fmt, torch.dtype):
+        name = str(fmt).removeprefix("torch.")
+    elif isinstance(fmt, str):
+        name = fmt
+    else:
+        raise UsageError(f"fmt={fmt!r}: expected a format name, a Format or a torch dtype")
+    name = _ALIASES.get(name, name)
+    if name not in FORMATS:
+        raise UsageError(f"fmt={fmt!r} is not a numcheck format; use one of {', '.join(FORMATS)}")
+    return FORMATS[name]
+
+
+def _pow2(k: torch.Tensor) -> torch.Tensor:
+    """2.0**k as float64, exact, built from the bits; k (int64) must lie in [-1022, 1023]."""
+    return ((k + 1023) << 52).view(torch.float64)
+
+
+def _exponent(a: torch.Tensor) -> torch.Tensor:
+    """floor(log2(a)) for finite a >= 0 from the bits; zero and fp64 subnormals give -1023."""
+    return (a.view(torch.int64) >> 52) - 1023
+
+
+def round_to(x, fmt, rounding: str = "rne", saturate: bool = True,
+             generator: torch.Generator | None = None) -> torch.Tensor:
+    """Round ``x`` to the values of ``fmt``; returns float64 on x's device.
+
+    rounding: ``rne`` (nearest, ties to even), ``rz`` (toward zero), ``rna`` (nearest, ties away:
+    what tf32 conversion does on NVIDIA GPUs) or ``sr`` (stochastic; needs ``generator``, a
+    torch.Generator on x's device). ``saturate`` as the module docstring says.
+    """
+    f = get(fmt)
+    if rounding not in ROUNDINGS:
+        raise UsageError(f"rounding={rounding!r}: use one of {', '.join(ROUNDINGS)}")
+    x64 = torch.as_tensor(x)
+    if not (x64.is_floating_point() or x64.dtype in (torch.int8, torch.int16, torch.int32)):
+        raise UsageError(f"round_to: x has dtype {x64.dtype}; pass a floating-point tensor "
+                         "(int64 does not convert to float64 exactly)")
+    x64 = x64.to(torch.float64)
+    if rounding == "sr" and generator is None:
+        raise UsageError("rounding='sr' needs generator=torch.Generator(device=x.device)"
+                         ".manual_seed(...): stochastic rounding must be reproducible")
+    if f.name == "fp64":
+        return x64.clone()
+
+    finite = torch.isfinite(x64)
+    a = torch.where(finite, x64.abs(), 0.0)
+    # Exponent clamped to [emin, emax + 1]: below emin the quantum is the subnormal step; above
+    # emax + 1 everything overflows anyway, and the clamp keeps every power of two in range.
+    e = _exponent(a).clamp(f.emin, f.emax + 1)
+    qexp = e - f.mbits
+    m = a * _pow2(-qexp)  # exact: scaling by a power of two, result far from under/overflow
+    low = torch.floor(m)
+    frac = m - low  # exact while m < 2^53 (always, except beyond-overflow values)
+    if rounding == "rne":
+        up = (frac > 0.5) | ((frac == 0.5) & (torch.remainder(low, 2.0) == 1.0))
+    elif rounding == "rna":
+        up = frac >= 0.5
+    elif rounding == "rz":
+        up = torch.zeros_like(frac, dtype=torch.bool)
+    else:
+        draws = torch.randint(0, 2**53, m.shape, generator=generator, device=m.device,
+                              dtype=torch.int64)
+        up = draws.to(torch.float64) * 2.0**-53 < frac
+    mag = (low + up) * _pow2(qexp)
+
+    over = mag > f.max
+    if saturate or f.always_saturates or rounding == "rz":
+        mag = torch.where(over, f.max, mag)
+        inf_value = f.max if (saturate or f.always_saturates) else (
+            float("inf") if f.has_inf else float("nan"))
+    else:
+        mag = torch.where(over, float("inf") if f.has_inf else float("nan"), mag)
+        inf_value = float("inf") if f.has_inf else float("nan")
+    mag = torch.where(torch.isinf(x64), inf_value, mag)
+    if f.min_subnormal is None:  # e8m0: nothing below min_normal
+        zero_value = f.min_normal if saturate else float("nan")
+        mag = torch.where(a == 0, zero_value, torch.clamp(mag, min=f.min_normal))
+    out = torch.copysign(mag, x64)
+    if not f.signed:
+        out = torch.where(x64 < 0, float("nan"), out.abs())
+    return torch.where(torch.isnan(x64), float("nan"), out)
+
+
+def _ordinal(v: torch.Tensor, f: Format) -> torch.Tensor:
+    """Signed position of each value in f's ordered encoding (+0 and -0 both 0); int64.
+
+    Raises UsageError for a value that is not in f (off the grid, beyond max, inf where f has
+    none). NaN entries get 0; callers mask them.
+    """
+    nan = torch.isnan(v)
+    a = torch.where(nan, 0.0, v.abs())
+    inf = torch.isinf(a)
+    if f.name == "fp64":
+        return torch.where(v < 0, -1, 1) * (a.view(torch.int64) & 0x7FFFFFFFFFFFFFFF)
+    fin = torch.where(inf, 0.0, a)
+    e = _exponent(fin).clamp(min=f.emin)
+    s = fin * _pow2(f.mbits - e)  # integer significand for values on f's grid
+    bad = (s != torch.floor(s)) | (fin > f.max)
+    if f.min_subnormal is None:
+        bad |= fin < f.min_normal
+    if not f.signed:
+        bad |= v < 0
+    if not f.has_inf:
+        bad |= inf
+    bad &= ~nan
+    if bool(bad.any()):
+        idx = int(torch.nonzero(bad.flatten())[0])
+        raise UsageError(
+            f"ulp_distance: {v.flatten()[idx].item()!r} (flat index {idx}) is not a value of "
+            f"{f.name}; round it first with nc.round_to(x, {f.name!r}) or pass the format "
+            "the values were produced in")
+    top = (f.emax - f.emin) * 2**f.mbits + int(f.max * 2.0 ** (f.mbits - f.emax)) + 1
+    # In the lowest binade (and below it, subnormals) s is the ordinal itself; each binade above
+    # adds 2^mbits. This is the magnitude of the bit encoding for every IEEE-like format.
+    ordn = torch.where(inf, top, (e - f.emin) * 2**f.mbits + s.to(torch.int64))
+    return torch.where(v < 0, -ordn, ordn)
+
+
+def ulp_distance(a, b, fmt) -> torch.Tensor:
+    """Number of steps between a and b in fmt's ordered values; int64, broadcast shape.
+
+    0 means the same value (+0 and -0 are 0 apart). inf sits one step beyond max (IEEE order).
+    NaN is compared by class: 0 when both are NaN, INT64_MAX when only one is. Values that are
+    not in fmt raise UsageError (round them first with nc.round_to).
+    """
+    f = get(fmt)
+    a64 = torch.as_tensor(a).to(torch.float64)
+    b64 = torch.as_tensor(b, device=a64.device).to(torch.float64)
+    a64, b64 = torch.broadcast_tensors(a64, b64)
+    d = (_ordinal(a64, f) - _ordinal(b64, f)).abs()
+    na, nb = torch.isnan(a64), torch.isnan(b64)
+    d = torch.where(na & nb, 0, d)
+    return torch.where(na ^ nb, torch.iinfo(torch.int64).max, d)

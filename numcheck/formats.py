@@ -145,6 +145,34 @@ def _exponent(a: torch.Tensor) -> torch.Tensor:
     return (a.view(torch.int64) >> 52) - 1023
 
 
+def _round_magnitude(a: torch.Tensor, f: Format, rounding: str,
+                     generator: torch.Generator | None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Round finite a >= 0 (float64) to f's grid with an unbounded exponent range above.
+
+    Returns (magnitude, ordinal): the rounded value before any overflow rule, and its position in
+    f's ordered encoding (the same integer as _ordinal gives, computed in the same pass).
+    """
+    # Exponent clamped to [emin, emax + 1]: below emin the quantum is the subnormal step; above
+    # emax + 1 everything overflows anyway, and the clamp keeps every power of two in range.
+    e = _exponent(a).clamp(f.emin, f.emax + 1)
+    qexp = e - f.mbits
+    m = a * _pow2(-qexp)  # exact: scaling by a power of two, result far from under/overflow
+    low = torch.floor(m)
+    frac = m - low  # exact while m < 2^53 (always, except beyond-overflow values)
+    if rounding == "rne":
+        up = (frac > 0.5) | ((frac == 0.5) & (torch.remainder(low, 2.0) == 1.0))
+    elif rounding == "rna":
+        up = frac >= 0.5
+    elif rounding == "rz":
+        up = torch.zeros_like(frac, dtype=torch.bool)
+    else:
+        draws = torch.randint(0, 2**53, m.shape, generator=generator, device=m.device,
+                              dtype=torch.int64)
+        up = draws.to(torch.float64) * 2.0**-53 < frac
+    steps = low + up
+    return steps * _pow2(qexp), (e - f.emin) * 2**f.mbits + steps.to(torch.int64)
+
+
 def round_to(x, fmt, rounding: str = "rne", saturate: bool = True,
              generator: torch.Generator | None = None) -> torch.Tensor:
     """Round ``x`` to the values of ``fmt``; returns float64 on x's device.
@@ -166,44 +194,42 @@ def round_to(x, fmt, rounding: str = "rne", saturate: bool = True,
                          ".manual_seed(...): stochastic rounding must be reproducible")
     if f.name == "fp64":
         return x64.clone()
+    return _round(x64, f, rounding, saturate, generator)[0]
 
-    finite = torch.isfinite(x64)
-    a = torch.where(finite, x64.abs(), 0.0)
-    # Exponent clamped to [emin, emax + 1]: below emin the quantum is the subnormal step; above
-    # emax + 1 everything overflows anyway, and the clamp keeps every power of two in range.
-    e = _exponent(a).clamp(f.emin, f.emax + 1)
-    qexp = e - f.mbits
-    m = a * _pow2(-qexp)  # exact: scaling by a power of two, result far from under/overflow
-    low = torch.floor(m)
-    frac = m - low  # exact while m < 2^53 (always, except beyond-overflow values)
-    if rounding == "rne":
-        up = (frac > 0.5) | ((frac == 0.5) & (torch.remainder(low, 2.0) == 1.0))
-    elif rounding == "rna":
-        up = frac >= 0.5
-    elif rounding == "rz":
-        up = torch.zeros_like(frac, dtype=torch.bool)
+
+def _round(x64: torch.Tensor, f: Format, rounding: str, saturate: bool,
+           generator: torch.Generator | None) -> tuple[torch.Tensor, torch.Tensor]:
+    """round_to's body for float64 x and f other than fp64: (values, signed ordinals).
+
+    The ordinal of an element whose result is not finite is meaningless; callers mask it.
+    """
+    a = torch.where(torch.isfinite(x64), x64.abs(), 0.0)
+    mag, ordn = _round_magnitude(a, f, rounding, generator)
+
+    if saturate or f.always_saturates:
+        over_value = inf_value = f.max
     else:
-        draws = torch.randint(0, 2**53, m.shape, generator=generator, device=m.device,
-                              dtype=torch.int64)
-        up = draws.to(torch.float64) * 2.0**-53 < frac
-    mag = (low + up) * _pow2(qexp)
-
+        over_value = inf_value = float("inf") if f.has_inf else float("nan")
+        if rounding == "rz":  # IEEE 754-2019 7.4: toward zero, a finite overflow gives max
+            over_value = f.max
     over = mag > f.max
-    if saturate or f.always_saturates or rounding == "rz":
-        mag = torch.where(over, f.max, mag)
-        inf_value = f.max if (saturate or f.always_saturates) else (
-            float("inf") if f.has_inf else float("nan"))
-    else:
-        mag = torch.where(over, float("inf") if f.has_inf else float("nan"), mag)
-        inf_value = float("inf") if f.has_inf else float("nan")
+    mag = torch.where(over, over_value, mag)
+    ordn = torch.where(over, _max_ordinal(f), ordn)
     mag = torch.where(torch.isinf(x64), inf_value, mag)
-    if f.min_subnormal is None:  # e8m0: nothing below min_normal
-        zero_value = f.min_normal if saturate else float("nan")
-        mag = torch.where(a == 0, zero_value, torch.clamp(mag, min=f.min_normal))
+    if f.min_subnormal is None:  # e8m0: nothing below min_normal, and no zero
+        under = mag < f.min_normal
+        ordn = torch.where(under, 2**f.mbits, ordn)
+        mag = torch.where(x64 == 0, f.min_normal if saturate else float("nan"),
+                          torch.where(under, f.min_normal, mag))
     out = torch.copysign(mag, x64)
     if not f.signed:
         out = torch.where(x64 < 0, float("nan"), out.abs())
-    return torch.where(torch.isnan(x64), float("nan"), out)
+    out = torch.where(torch.isnan(x64), float("nan"), out)
+    return out, torch.where(x64 < 0, -ordn, ordn)
+
+
+def _max_ordinal(f: Format) -> int:
+    return (f.emax - f.emin) * 2**f.mbits + int(f.max * 2.0 ** (f.mbits - f.emax))
 
 
 def _ordinal(v: torch.Tensor, f: Format) -> torch.Tensor:
@@ -234,7 +260,7 @@ def _ordinal(v: torch.Tensor, f: Format) -> torch.Tensor:
             f"ulp_distance: {v.flatten()[idx].item()!r} (flat index {idx}) is not a value of "
             f"{f.name}; round it first with nc.round_to(x, {f.name!r}) or pass the format "
             "the values were produced in")
-    top = (f.emax - f.emin) * 2**f.mbits + int(f.max * 2.0 ** (f.mbits - f.emax)) + 1
+    top = _max_ordinal(f) + 1
     # In the lowest binade (and below it, subnormals) s is the ordinal itself; each binade above
     # adds 2^mbits. This is the magnitude of the bit encoding for every IEEE-like format.
     ordn = torch.where(inf, top, (e - f.emin) * 2**f.mbits + s.to(torch.int64))

@@ -15,10 +15,11 @@ Conventions (written down once, tested in tests/test_formats_*.py):
   e4m3 (no inf encoding) and e8m0. e2m3, e3m2, e2m1 have neither and always saturate.
   Round-toward-zero never overflows a finite input to inf (IEEE 754-2019 section 7.4): it gives max.
 * NaN stays NaN. e2m3/e3m2/e2m1 have no NaN encoding (in MX the NaN lives in the block scale):
-  round_to still returns NaN, being float64; ml_dtypes writes -0 there (a documented finding).
+  round_to still returns NaN, being float64; ml_dtypes writes a zero with the NaN's sign bit
+  flipped there (+NaN -> -0; a documented finding).
 * Signed zero is kept: a negative value that rounds to zero gives -0.0.
 * e8m0 holds only 2^-127 .. 2^127 (no sign, no zero, code 0xFF = NaN). Positive values round to
-  the nearest power of two (linear midpoint 1.5 * 2^k; ties go up, to the even code word) and
+  the nearest power of two (linear midpoint 1.5 * 2^k; ties go up, as torch and ml_dtypes do) and
   clamp at 2^-127 from below; negative values and NaN give NaN. Zero has no encoding: 2^-127 with
   saturate=True (torch's code 0x00), NaN with saturate=False (ml_dtypes).
 * tf32 is fp32's exponent range with a 10-bit mantissa, subnormals included (min 2^-136).
@@ -184,17 +185,23 @@ def round_to(x, fmt, rounding: str = "rne", saturate: bool = True,
     f = get(fmt)
     if rounding not in ROUNDINGS:
         raise UsageError(f"rounding={rounding!r}: use one of {', '.join(ROUNDINGS)}")
-    x64 = torch.as_tensor(x)
-    if not (x64.is_floating_point() or x64.dtype in (torch.int8, torch.int16, torch.int32)):
-        raise UsageError(f"round_to: x has dtype {x64.dtype}; pass a floating-point tensor "
-                         "(int64 does not convert to float64 exactly)")
-    x64 = x64.to(torch.float64)
+    x64 = _as_float64(x, "round_to")
     if rounding == "sr" and generator is None:
         raise UsageError("rounding='sr' needs generator=torch.Generator(device=x.device)"
                          ".manual_seed(...): stochastic rounding must be reproducible")
     if f.name == "fp64":
-        return x64.clone()
+        return x64.clamp(-f.max, f.max) if saturate else x64.clone()
     return _round(x64, f, rounding, saturate, generator)[0]
+
+
+def _as_float64(x, who: str, device=None) -> torch.Tensor:
+    """x as float64, exactly: Python numbers go straight to float64 (never through fp32)."""
+    if not isinstance(x, torch.Tensor):
+        return torch.as_tensor(x, dtype=torch.float64, device=device)
+    if not (x.is_floating_point() or x.dtype in (torch.int8, torch.int16, torch.int32)):
+        raise UsageError(f"{who}: x has dtype {x.dtype}; pass a floating-point tensor "
+                         "(int64 does not convert to float64 exactly)")
+    return x.to(device=device or x.device, dtype=torch.float64)
 
 
 def _round(x64: torch.Tensor, f: Format, rounding: str, saturate: bool,
@@ -275,10 +282,14 @@ def ulp_distance(a, b, fmt) -> torch.Tensor:
     not in fmt raise UsageError (round them first with nc.round_to).
     """
     f = get(fmt)
-    a64 = torch.as_tensor(a).to(torch.float64)
-    b64 = torch.as_tensor(b, device=a64.device).to(torch.float64)
+    a64 = _as_float64(a, "ulp_distance")
+    b64 = _as_float64(b, "ulp_distance", device=a64.device)
     a64, b64 = torch.broadcast_tensors(a64, b64)
-    d = (_ordinal(a64, f) - _ordinal(b64, f)).abs()
+    oa, ob = _ordinal(a64, f), _ordinal(b64, f)
+    diff = oa - ob
+    # fp64 ordinals reach 2^62.9: a difference across zero can wrap; it saturates instead.
+    wrapped = ((oa >= 0) & (ob < 0) & (diff < 0)) | ((oa < 0) & (ob >= 0) & (diff >= 0))
+    d = torch.where(wrapped, torch.iinfo(torch.int64).max, diff.abs())
     na, nb = torch.isnan(a64), torch.isnan(b64)
     d = torch.where(na & nb, 0, d)
     return torch.where(na ^ nb, torch.iinfo(torch.int64).max, d)

@@ -206,3 +206,56 @@ def _doctor(args: argparse.Namespace) -> int:
     else:
         print(_render_doctor(report))
     return EXIT_OK
+
+
+# --- verify -------------------------------------------------------------------------------------
+
+def _resolve_kernel(op: str, ref: str):
+    """A built-in kernel name of ``op``, or ``module:attr`` (attr may be dotted); UsageError
+    naming what failed otherwise (exit 2)."""
+    import importlib
+
+    from .ops import kernels
+
+    builtin = kernels(op)
+    if ":" not in ref:
+        if ref in builtin:
+            return builtin[ref]
+        raise UsageError(f"--kernel {ref!r}: not a built-in kernel of {op} "
+                         f"({', '.join(sorted(builtin)) or 'none'}); give module:function")
+    mod_name, attr = ref.split(":", 1)
+    try:
+        obj = importlib.import_module(mod_name)
+    except Exception as e:  # ImportError, or the module's own error at import
+        raise UsageError(f"--kernel {ref!r}: cannot import {mod_name!r} "
+                         f"({type(e).__name__}: {e}); is it on PYTHONPATH?") from e
+    for part in attr.split("."):
+        if not hasattr(obj, part):
+            raise UsageError(f"--kernel {ref!r}: {mod_name!r} has no attribute {attr!r}")
+        obj = getattr(obj, part)
+    return obj
+
+
+@_command("verify", help="pre-merge check of one kernel against an op's cases",
+          arguments=(
+              _arg("--op", required=True, help="op name, e.g. rms_norm (numcheck verify --op ?)"),
+              _arg("--kernel", required=True,
+                   help="module:function of your kernel, or a built-in kernel's name"),
+              _arg("--cases", default="quick", choices=("quick", "full")),
+              _arg("--case", action="append", dest="case_ids", default=None,
+                   help="run only this case id (repeatable)"),
+              _arg("--device", default=None, help="cpu or cuda (default: cuda when present)"),
+              _arg("--save-failures", default=None, metavar="DIR",
+                   help="save the inputs of failing cases here (torch.save files)")))
+def _verify(args: argparse.Namespace) -> int:
+    """Run the op's case set against one kernel and print a table of cases. Exit 0 when every
+    executed case passes, 1 on a numerical failure or a kernel that fails on a case (other
+    cases still run), 2 on usage errors (unknown op, kernel that cannot be imported)."""
+    from .run import verify
+
+    fn = _resolve_kernel(args.op, args.kernel)
+    v = verify(args.op, fn, cases=args.cases, device=args.device, case_ids=args.case_ids,
+               save_failures=args.save_failures,
+               kernel_name=None if ":" not in args.kernel else args.kernel.split(":", 1)[1])
+    print(v.summary())
+    return EXIT_OK if v.passed else EXIT_FAILED

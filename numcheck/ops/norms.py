@@ -1,0 +1,201 @@
+"""Norms: rms_norm(x, weight, eps), layer_norm(x, weight, bias, eps) over the last dim, and
+adaln_modulate(x, shift, scale, eps) = layernorm(x, no affine) * (1 + scale) + shift.
+
+Shapes: ``(rows..., D)``; adaln's shift/scale are ``(B, 1, D)`` (one conditioning vector per
+sample, as in DiT). Weights may be fp32 beside bf16/fp16 activations (param ``weight=fp32``).
+
+References: mean and variance by definition (two passes) in float64. Baselines: the same formula
+in the compute dtype with plain torch primitives. Policy: blocks are rows. RMSNorm's output is a
+product (well-conditioned) but its reduction makes a fixed ULP count meaningless across dtypes,
+so the baseline rule gates it; LayerNorm/adaLN subtract the mean (cancellation is inherent,
+DESIGN rule 5), so they get the componentwise bound |err| <= c u (|x - mean| + |mean|)/sigma |w|.
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from .. import formats, inputs
+from ..cases import make_grid
+from ..policy import Policy
+from . import Case, Kernel, OpSpec, register_kernel, register_op
+
+EPS = 1e-6  # a typical training eps; small enough that dropping it only shows on zero rows
+
+# No D = 1 rows: layer norm of one element is exactly its bias (x - mean = 0) and RMSNorm's is
+# sign(x) * w, whose gradient is pure cancellation; both say nothing about a kernel.
+_SHAPES = [(4, 128), (3, 129), (2, 7, 1025), (16, 33), (1, 7)]
+_DISTS = ["normal", "outlier_channels", "zero_blocks", "constant_rows", "large_mean",
+          "student_t", "subnormal", "near_overflow", "wide_range"]
+
+
+def _dt(case: Case) -> torch.dtype:
+    return formats.get(case.dtype).torch
+
+
+def _weight_dtype(case: Case) -> torch.dtype:
+    return torch.float32 if case.param("weight") == "fp32" else _dt(case)
+
+
+def _out_dtypes(case: Case) -> tuple[torch.dtype, ...]:
+    # Mixed bf16 activations / fp32 weights: torch returns the activation dtype; a kernel that
+    # promotes to fp32 is allowed too.
+    return (_dt(case), torch.float32) if case.param("weight") == "fp32" else (_dt(case),)
+
+
+def _affine(case: Case, name: str, d: int, center: float) -> torch.Tensor:
+    return center + 0.1 * inputs.draw("normal", (d,), seed=case.seed, stream=f"{case.id}/{name}")
+
+
+def _x(case: Case) -> torch.Tensor:
+    return inputs.draw(case.dist, case.shape, seed=case.seed, fmt=case.dtype,
+                       stream=f"{case.id}/x")
+
+
+# ---- rms_norm -------------------------------------------------------------------------------
+
+def _rms_inputs(case: Case):
+    d = case.shape[-1]
+    return ({"x": (_x(case), _dt(case)), "weight": (_affine(case, "weight", d, 1.0),
+                                                    _weight_dtype(case))}, {"eps": EPS})
+
+
+def rms_norm_reference(x, weight, eps):
+    ms = (x * x).sum(-1, keepdim=True) / x.shape[-1]
+    return x / torch.sqrt(ms + eps) * weight
+
+
+def rms_norm_baseline(x, weight, eps):
+    ms = (x * x).mean(-1, keepdim=True)
+    return (x * torch.rsqrt(ms + eps) * weight.to(x.dtype)).to(x.dtype)
+
+
+def _eager_rms_norm(x, weight, eps):
+    return F.rms_norm(x, (x.shape[-1],), weight, eps)
+
+
+# ---- layer_norm -----------------------------------------------------------------------------
+
+def _ln_inputs(case: Case):
+    d = case.shape[-1]
+    return ({"x": (_x(case), _dt(case)),
+             "weight": (_affine(case, "weight", d, 1.0), _weight_dtype(case)),
+             "bias": (_affine(case, "bias", d, 0.0), _weight_dtype(case))}, {"eps": EPS})
+
+
+def _normalize64(x, eps):
+    mean = x.sum(-1, keepdim=True) / x.shape[-1]
+    var = ((x - mean) ** 2).sum(-1, keepdim=True) / x.shape[-1]
+    return (x - mean) / torch.sqrt(var + eps)
+
+
+def layer_norm_reference(x, weight, bias, eps):
+    return _normalize64(x, eps) * weight + bias
+
+
+def _normalize_naive(x, eps):
+    mean = x.mean(-1, keepdim=True)
+    var = ((x - mean) ** 2).mean(-1, keepdim=True)
+    return (x - mean) * torch.rsqrt(var + eps)
+
+
+def layer_norm_baseline(x, weight, bias, eps):
+    return (_normalize_naive(x, eps) * weight.to(x.dtype) + bias.to(x.dtype)).to(x.dtype)
+
+
+def _ln_scale(x, weight, bias, eps):
+    """|x - mean| + |mean| over sigma, times |w|, plus |b|: what the result's rounding scales with."""
+    mean = x.sum(-1, keepdim=True) / x.shape[-1]
+    sigma = torch.sqrt(((x - mean) ** 2).sum(-1, keepdim=True) / x.shape[-1] + eps)
+    return ((x - mean).abs() + mean.abs()) / sigma * weight.abs() + bias.abs()
+
+
+def _eager_layer_norm(x, weight, bias, eps):
+    return F.layer_norm(x, (x.shape[-1],), weight, bias, eps)
+
+
+# ---- adaln_modulate -------------------------------------------------------------------------
+
+def _adaln_inputs(case: Case):
+    b, d = case.shape[0], case.shape[-1]
+    cond = (b,) + (1,) * (len(case.shape) - 2) + (d,)
+    return ({"x": (_x(case), _dt(case)),
+             "shift": (inputs.draw("normal", cond, seed=case.seed, stream=f"{case.id}/shift"),
+                       _dt(case)),
+             "scale": (0.5 * inputs.draw("normal", cond, seed=case.seed,
+                                         stream=f"{case.id}/scale"), _dt(case))}, {"eps": EPS})
+
+
+def adaln_reference(x, shift, scale, eps):
+    return _normalize64(x, eps) * (1 + scale) + shift
+
+
+def adaln_baseline(x, shift, scale, eps):
+    return (_normalize_naive(x, eps) * (1 + scale) + shift).to(x.dtype)
+
+
+def _adaln_scale(x, shift, scale, eps):
+    return _ln_scale(x, (1 + scale), shift, eps)
+
+
+def _eager_adaln(x, shift, scale, eps):
+    return F.layer_norm(x, (x.shape[-1],), None, None, eps) * (1 + scale) + shift
+
+
+# ---- registration ---------------------------------------------------------------------------
+
+def _keep(row: dict) -> bool:
+    # near_overflow only where the compute dtype's square fits fp32: x^2 overflows any fp32
+    # accumulator above 1.8e19, and no training kernel rescales for that (bf16/fp32 inputs).
+    return row["dist"] != "near_overflow" or row["dtype"] == "fp16"
+
+
+def _zero_ref_grads(case: Case) -> tuple[str, ...]:
+    # constant rows: x_hat = 0, so the reference gradients of weight (LN) and scale (adaLN) are
+    # exactly 0 and no relative rule applies; forward and grad_x (which eps keeps finite) are
+    # still judged.
+    return ("weight", "scale") if case.dist == "constant_rows" else ()
+
+
+def _rows(case: Case, shape: torch.Size):
+    return shape[-1] if len(shape) else None
+
+
+_FACTORS = {"dtype": ["fp32", "bf16", "fp16"], "shape": _SHAPES, "dist": _DISTS,
+            "layout": ["contiguous", "transposed"]}
+_FULL = {"shape": [(64, 4096), (8, 16, 31)], "dist": ["uniform", "lognormal", "sparse"],
+         "layout": ["sliced"]}
+
+# Componentwise bound for LN/adaLN: output rounding (<= 1 u of the scale), mean and rstd rounded
+# once each (8 leaves room for fp16/bf16 kernels), plus gamma_D for the statistics' sums.
+_LN_POLICY = Policy(bound_c=8.0, bound_per_len=1.0,
+                    notes="componentwise bound: cancellation in x - mean")
+
+register_op(OpSpec(
+    "rms_norm", _rms_inputs, rms_norm_reference, rms_norm_baseline,
+    make_grid("rms_norm", {**_FACTORS, "weight": ["same", "fp32"]}, extra_full=_FULL,
+              keep=_keep),
+    Policy(), grad_args=("x", "weight"), blocks=_rows, out_dtypes=_out_dtypes,
+    doc="rms_norm(x, weight, eps): x / sqrt(mean(x^2) + eps) * weight over the last dim"))
+register_op(OpSpec(
+    "layer_norm", _ln_inputs, layer_norm_reference, layer_norm_baseline,
+    make_grid("layer_norm", {**_FACTORS, "weight": ["same", "fp32"]}, extra_full=_FULL,
+              keep=_keep),
+    _LN_POLICY, grad_args=("x", "weight", "bias"), blocks=_rows, scale=_ln_scale,
+    reduction_len=lambda case: case.shape[-1],
+    skip_grads=_zero_ref_grads,
+    out_dtypes=_out_dtypes,
+    doc="layer_norm(x, weight, bias, eps) over the last dim, biased variance"))
+register_op(OpSpec(
+    "adaln_modulate", _adaln_inputs, adaln_reference, adaln_baseline,
+    make_grid("adaln_modulate", {**_FACTORS, "shape": [(2, 16, 128), (3, 7, 129), (1, 5, 1025)]},
+              extra_full=_FULL, keep=_keep),
+    _LN_POLICY, grad_args=("x", "shift", "scale"), blocks=_rows, scale=_adaln_scale,
+    reduction_len=lambda case: case.shape[-1],
+    skip_grads=_zero_ref_grads,
+    doc="adaln_modulate(x, shift, scale, eps) = layernorm(x) * (1 + scale) + shift; "
+        "shift/scale (B, 1, D)"))
+
+register_kernel(Kernel("rms_norm", "torch", _eager_rms_norm))
+register_kernel(Kernel("layer_norm", "torch", _eager_layer_norm))
+register_kernel(Kernel("adaln_modulate", "torch", _eager_adaln))

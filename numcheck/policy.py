@@ -1,0 +1,105 @@
+"""Verdicts: DESIGN rules 3-6 applied to a kernel's ErrorStats and its baseline's.
+
+Every rule stands on its own (a bug present when goldens are refreshed is still caught):
+
+* non-finite (rule 3): no NaN/inf the rounded reference does not have, and none missing;
+* baseline (rule 4): kernel rel_l2 <= k * baseline rel_l2 + floor, the same for the worst block;
+* ULP (rule 5): max ULP in the output format, only for well-conditioned ops;
+* componentwise bound (rule 5): max |out - ref| / (u * scale) <= c, where cancellation is
+  inherent (scale = |A||B| for GEMM, |x cos| + |y sin| for RoPE, ...);
+* truncation (rule 6): the mean ULP toward larger magnitude stays near 0 (truncation gives -0.5).
+
+Thresholds come with their source; ``Policy`` holds them per op.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+from . import formats
+from .stats import ErrorStats
+
+# FlashAttention's own tests: error vs the fp32 reference <= 2x that of the same-precision
+# PyTorch composition (tests/test_flash_attn.py, "out - out_ref ... <= 2 * (out_pt - out_ref)").
+BASELINE_K = 2.0
+# Rounding one exact value to the output format costs rel_l2 ~ u/sqrt(3); 2u allows one more
+# rounding step than the baseline without letting a lost bit (4u and up) through.
+FLOOR_U = 2.0
+# Truncation toward zero gives a mean of -0.5 ULP toward smaller magnitude, RNE gives ~0.
+TRUNCATION_ULP = 0.25
+
+
+@dataclass(frozen=True)
+class Policy:
+    baseline_k: float = BASELINE_K
+    floor_u: float = FLOOR_U
+    max_ulp: int | None = None  # ULP gate (well-conditioned ops only)
+    bound_c: float | None = None  # componentwise bound in units of the output's unit roundoff
+    # ... plus this many units per element of the op's reduction (Higham's gamma_n: a recursive
+    # sum of n terms errs by up to n u; pairwise or blocked kernels stay far below).
+    bound_per_len: float = 0.0
+    truncation_ulp: float | None = None  # |mag_bias_ulp| gate (well-conditioned ops only)
+    # Fused backward kernels recompute from saved statistics (mean, rstd) instead of the
+    # forward's intermediates; on ill-conditioned rows (large_mean, mean/std = 512) torch's CPU
+    # layer_norm backward measured 4.1x the naive autograd's error while within 0.3 u * cond.
+    grad_baseline_k: float = 2 * BASELINE_K
+    grad_floor_u: float = 4.0  # backward chains two or three roundings more than forward
+    notes: str = ""
+
+
+@dataclass
+class Verdict:
+    passed: bool = True
+    failures: list[str] = field(default_factory=list)
+
+    def fail(self, message: str) -> None:
+        self.passed = False
+        self.failures.append(message)
+
+
+def _block_rel(s: ErrorStats) -> float:
+    """The worst block's relative error, from its SQNR (inf SQNR -> 0)."""
+    return 10.0 ** (-s.min_block_sqnr_db / 20.0) if s.min_block_sqnr_db != math.inf else 0.0
+
+
+def judge(policy: Policy, k: ErrorStats, b: ErrorStats | None, *, what: str = "out",
+          compute: str | None = None, bound_ratio: float | None = None,
+          baseline_bound_ratio: float | None = None, reduction_len: int = 0, grad: bool = False,
+          verdict: Verdict | None = None) -> Verdict:
+    """Apply the policy to kernel stats ``k`` (and baseline stats ``b``); messages name ``what``.
+
+    compute: the case's compute format; the floor allows one rounding in the coarser of it and
+    the output's format (an fp32 gradient of fp16 work carries fp16 roundings).
+    """
+    v = verdict or Verdict()
+    u = max(formats.get(k.fmt).unit_roundoff,
+            formats.get(compute).unit_roundoff if compute else 0.0)
+    if k.nonfinite_mismatch:
+        v.fail(f"{what}: {k.nonfinite_mismatch} element(s) non-finite where the rounded "
+               f"reference is not, or the reverse (NaN {k.n_nan}, inf {k.n_inf})")
+    kk = policy.grad_baseline_k if grad else policy.baseline_k
+    floor = (policy.grad_floor_u if grad else policy.floor_u) * u
+    if b is not None:
+        if not k.rel_l2 <= kk * b.rel_l2 + floor:  # `not <=` so that NaN fails
+            v.fail(f"{what}: rel_l2 {k.rel_l2:.3e} > {kk:g} x baseline {b.rel_l2:.3e} + "
+                   f"floor {floor:.1e} (SQNR {k.sqnr_db:.1f} dB vs baseline {b.sqnr_db:.1f} dB)")
+        kb, bb = _block_rel(k), _block_rel(b)
+        if not kb <= kk * bb + floor:
+            v.fail(f"{what}: worst block (#{k.worst_block}) SQNR {k.min_block_sqnr_db:.1f} dB, "
+                   f"baseline's worst {b.min_block_sqnr_db:.1f} dB: rel {kb:.3e} > {kk:g} x "
+                   f"{bb:.3e} + {floor:.1e}")
+    if policy.max_ulp is not None and not grad and not k.max_ulp <= policy.max_ulp:
+        v.fail(f"{what}: max ULP {k.max_ulp} > {policy.max_ulp} ({k.fmt}; p99 {k.p99_ulp})")
+    if policy.truncation_ulp is not None and not grad and \
+            not abs(k.mag_bias_ulp) <= policy.truncation_ulp:
+        v.fail(f"{what}: mean ULP toward larger magnitude {k.mag_bias_ulp:+.3f} (truncation "
+               f"gives -0.5; gate +-{policy.truncation_ulp})")
+    if policy.bound_c is not None and bound_ratio is not None and not grad:
+        # A kernel as good as the naive baseline passes (accumulation over long rows makes any
+        # fixed c either loose for short rows or tight for long ones).
+        c = policy.bound_c + policy.bound_per_len * reduction_len
+        limit = max(c, policy.baseline_k * (baseline_bound_ratio or 0.0))
+        if not bound_ratio <= limit:
+            v.fail(f"{what}: componentwise error {bound_ratio:.2f} x u*scale > {limit:.2f} "
+                   f"(c={c:g}, baseline {baseline_bound_ratio or 0:.2f})")
+    return v

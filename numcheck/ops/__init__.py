@@ -94,7 +94,7 @@ OPS: dict[str, OpSpec] = {}
 KERNELS: dict[str, dict[str, Kernel]] = {}
 
 # Built-in op families, imported on first lookup (each registers its ops and kernels).
-_FAMILIES = ("norms", "matmul", "attention", "softmax", "activations", "rope")
+_FAMILIES = ("norms", "matmul", "attention", "softmax", "activations", "rope", "compiled")
 _loaded = False
 
 

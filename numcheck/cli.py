@@ -244,6 +244,8 @@ def _resolve_kernel(op: str, ref: str):
               _arg("--cases", default="quick", choices=("quick", "full")),
               _arg("--case", action="append", dest="case_ids", default=None,
                    help="run only this case id (repeatable)"),
+              _arg("--adhoc", action="append", default=None, metavar="JSON",
+                   help="run this exact case instead of the set (repro lines print it)"),
               _arg("--device", default=None, help="cpu or cuda (default: cuda when present)"),
               _arg("--save-failures", default=None, metavar="DIR",
                    help="save the inputs of failing cases here (torch.save files)")))
@@ -251,11 +253,12 @@ def _verify(args: argparse.Namespace) -> int:
     """Run the op's case set against one kernel and print a table of cases. Exit 0 when every
     executed case passes, 1 on a numerical failure or a kernel that fails on a case (other
     cases still run), 2 on usage errors (unknown op, kernel that cannot be imported)."""
-    from .run import verify
+    from .run import case_from_json, verify
 
     fn = _resolve_kernel(args.op, args.kernel)
+    adhoc = [case_from_json(args.op, a) for a in args.adhoc] if args.adhoc else None
     v = verify(args.op, fn, cases=args.cases, device=args.device, case_ids=args.case_ids,
-               save_failures=args.save_failures,
+               save_failures=args.save_failures, adhoc=adhoc,
                kernel_name=None if ":" not in args.kernel else args.kernel.split(":", 1)[1])
     print(v.summary())
     return EXIT_OK if v.passed else EXIT_FAILED

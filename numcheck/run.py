@@ -10,6 +10,7 @@ raises, or returns the wrong shape, dtype or device, fails that case by name; th
 from __future__ import annotations
 
 import dataclasses
+import json
 import math
 import traceback
 from dataclasses import dataclass
@@ -77,8 +78,25 @@ def _kernel_ref(kern: Kernel) -> str:
 
 
 def repro_command(op: str, kern: Kernel, case: Case, device: str) -> str:
-    return (f"numcheck verify --op {op} --kernel {_kernel_ref(kern)} --case {case.id} "
-            f"--device {device} --cases full")
+    """One shell line that runs exactly this case again (grid or hypothesis-found)."""
+    return (f"numcheck verify --op {op} --kernel {_kernel_ref(kern)} --device {device} "
+            f"--adhoc '{case_to_json(case)}'")
+
+
+def case_to_json(case: Case) -> str:
+    return json.dumps({"dtype": case.dtype, "shape": list(case.shape), "dist": case.dist,
+                       "seed": case.seed, "params": dict(case.params)}, separators=(",", ":"))
+
+
+def case_from_json(op: str, text: str) -> Case:
+    try:
+        d = json.loads(text)
+        params = tuple((k, tuple(v) if isinstance(v, list) else v)
+                       for k, v in d.get("params", {}).items())
+        return Case(op, d["dtype"], tuple(d["shape"]), d["dist"], int(d["seed"]), params)
+    except (ValueError, KeyError, TypeError) as e:
+        raise UsageError(f"--adhoc {text!r}: expected JSON with dtype, shape, dist, seed and "
+                         f"optional params ({type(e).__name__}: {e})") from e
 
 
 def _base_record(spec: OpSpec, kern: Kernel, case: Case, device: str) -> dict[str, Any]:
@@ -284,12 +302,13 @@ def _save_inputs(root: Path, spec, kern, case, exact, kwargs, records) -> None:
 
 def verify(op: str, fn, *, kernel_name: str | None = None, cases: str = "quick",
            device: str | None = None, golden_dir=None, refresh: bool = False,
-           case_ids: list[str] | None = None, save_failures: str | Path | None = None
-           ) -> Verification:
+           case_ids: list[str] | None = None, save_failures: str | Path | None = None,
+           adhoc: list[Case] | None = None) -> Verification:
     """Run op's ``cases`` set ("quick" | "full") against ``fn`` and judge every case.
 
     fn: a callable with the op's signature (or a registered Kernel). device: default CUDA when
-    present. case_ids: only these cases. save_failures: a folder for failing cases' inputs.
+    present. case_ids: only these cases of the set; adhoc: exactly these cases instead (a
+    repro line's --adhoc). save_failures: a folder for failing cases' inputs.
     golden_dir / refresh: reserved for golden regression (the goldens issue); not yet built.
     """
     if golden_dir is not None or refresh:
@@ -300,7 +319,7 @@ def verify(op: str, fn, *, kernel_name: str | None = None, cases: str = "quick",
     device = device or default_device()
     if torch.device(device).type == "cuda" and not torch.cuda.is_available():
         raise UsageError(f"device={device!r}: no CUDA device here; use device='cpu'")
-    grid = spec.grid(cases)
+    grid = list(adhoc) if adhoc else spec.grid(cases)
     if case_ids:
         wanted = set(case_ids)
         grid = [c for c in grid if c.id in wanted]

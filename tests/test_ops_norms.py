@@ -1,0 +1,152 @@
+"""Norm ops: references checked with gradcheck, torch's kernels pass, planted faults are caught."""
+from __future__ import annotations
+
+import warnings
+
+import pytest
+import torch
+
+import numcheck as nc
+from numcheck.ops import get_op, kernels
+from numcheck.ops.norms import EPS, adaln_reference, layer_norm_reference, rms_norm_reference
+from numcheck.run import verify
+
+pytestmark = pytest.mark.filterwarnings("ignore:Mismatch dtype")
+
+
+def _gen(*shape):
+    return torch.randn(*shape, dtype=torch.float64, generator=torch.Generator().manual_seed(
+        sum(shape))).requires_grad_()
+
+
+def test_references_gradcheck():
+    x, w, b = _gen(3, 9), _gen(9), _gen(9)
+    assert torch.autograd.gradcheck(lambda x, w: rms_norm_reference(x, w, EPS), (x, w))
+    assert torch.autograd.gradcheck(lambda x, w, b: layer_norm_reference(x, w, b, EPS), (x, w, b))
+    s, sc = _gen(2, 1, 9), _gen(2, 1, 9)
+    x3 = _gen(2, 4, 9)
+    assert torch.autograd.gradcheck(lambda x, s, c: adaln_reference(x, s, c, EPS), (x3, s, sc))
+
+
+def test_references_match_torch_in_float64():
+    """A sanity check of the references (torch in float64 as an oracle, never inside them)."""
+    x = torch.randn(5, 33, dtype=torch.float64)
+    w, b = torch.randn(33, dtype=torch.float64), torch.randn(33, dtype=torch.float64)
+    torch.testing.assert_close(rms_norm_reference(x, w, EPS),
+                               torch.nn.functional.rms_norm(x, (33,), w, EPS))
+    torch.testing.assert_close(layer_norm_reference(x, w, b, EPS),
+                               torch.nn.functional.layer_norm(x, (33,), w, b, EPS))
+
+
+@pytest.mark.parametrize("op", ["rms_norm", "layer_norm", "adaln_modulate"])
+def test_torch_kernels_pass_quick(op):
+    v = verify(op, kernels(op)["torch"], device="cpu")
+    assert v.passed, v.summary()
+    assert v.executed == len(get_op(op).grid("quick"))
+
+
+# ---- planted faults: realistic bugs in copies of the kernels ---------------------------------
+
+def rms_no_eps(x, weight, eps):
+    xf = x.float()
+    return (xf * torch.rsqrt((xf * xf).mean(-1, keepdim=True)) * weight.float()).to(x.dtype)
+
+
+def rms_skips_ragged_tail(x, weight, eps):
+    """Vectorized by 32 and forgets the tail: sums only the first D // 32 * 32 squares."""
+    xf = x.float()
+    d = x.shape[-1]
+    body = d // 32 * 32 or d
+    ms = (xf[..., :body] ** 2).sum(-1, keepdim=True) / d
+    return (xf * torch.rsqrt(ms + eps) * weight.float()).to(x.dtype)
+
+
+def ln_one_pass_low_precision(x, weight, bias, eps):
+    """Variance as E[x^2] - E[x]^2 in the input precision: cancels when mean >> std."""
+    mean = x.mean(-1, keepdim=True)
+    var = (x * x).mean(-1, keepdim=True) - mean * mean
+    return ((x - mean) * torch.rsqrt(var.clamp(min=0) + eps) * weight.to(x.dtype)
+            + bias.to(x.dtype)).to(x.dtype)
+
+
+def ln_unbiased_variance(x, weight, bias, eps):
+    xf = x.float()
+    mean = xf.mean(-1, keepdim=True)
+    var = xf.var(-1, keepdim=True, unbiased=True)
+    return ((xf - mean) * torch.rsqrt(var + eps) * weight.float() + bias.float()).to(x.dtype)
+
+
+def adaln_scale_without_one(x, shift, scale, eps):
+    return torch.nn.functional.layer_norm(x, (x.shape[-1],), None, None, eps) * scale + shift
+
+
+def rms_output_truncated(x, weight, eps):
+    """Computes in fp32 but casts the result by truncation (drops mantissa bits)."""
+    xf = x.float()
+    y = (xf * torch.rsqrt((xf * xf).mean(-1, keepdim=True) + eps) * weight.float()).double()
+    return nc.round_to(y, nc.formats.get(x.dtype), "rz").to(x.dtype)
+
+
+@pytest.mark.parametrize("op, fault, expect", [
+    ("rms_norm", rms_no_eps, "non-finite"),
+    ("rms_norm", rms_skips_ragged_tail, "rel_l2"),
+    ("rms_norm", rms_output_truncated, "rel_l2|block"),
+    ("layer_norm", ln_one_pass_low_precision, "rel_l2|non-finite|componentwise"),
+    ("layer_norm", ln_unbiased_variance, "rel_l2"),
+    ("adaln_modulate", adaln_scale_without_one, "rel_l2"),
+])
+def test_planted_fault_is_caught(op, fault, expect):
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        v = verify(op, fault, device="cpu")
+    assert not v.passed
+    import re
+    assert any(re.search(expect, r["reason"]) for r in v.failures), v.summary()
+
+
+# ---- benign variants: other correct algorithms must pass ---------------------------------------
+
+def rms_reversed_fp32_sum(x, weight, eps):
+    xf = x.float()
+    ms = (xf * xf).flip(-1).cumsum(-1)[..., -1:] / x.shape[-1]  # sequential, reversed order
+    return (xf * torch.rsqrt(ms + eps) * weight.float()).to(x.dtype)
+
+
+def ln_welford(x, weight, bias, eps):
+    """Welford's running mean/M2 in fp32, over blocks of 16 columns merged pairwise."""
+    xf = x.float()
+    d = x.shape[-1]
+    n = torch.zeros(xf.shape[:-1] + (1,), dtype=torch.float32, device=x.device)
+    mean = torch.zeros_like(n)
+    m2 = torch.zeros_like(n)
+    for c0 in range(0, d, 16):
+        blk = xf[..., c0:c0 + 16]
+        nb = blk.shape[-1]
+        mb = blk.mean(-1, keepdim=True)
+        m2b = ((blk - mb) ** 2).sum(-1, keepdim=True)
+        delta = mb - mean
+        tot = n + nb
+        mean = mean + delta * nb / tot
+        m2 = m2 + m2b + delta * delta * n * nb / tot
+        n = tot
+    y = (xf - mean) * torch.rsqrt(m2 / d + eps) * weight.float() + bias.float()
+    return y.to(x.dtype)
+
+
+def adaln_unfused_fp32(x, shift, scale, eps):
+    xf = x.float()
+    mean = xf.mean(-1, keepdim=True)
+    var = ((xf - mean) ** 2).mean(-1, keepdim=True)
+    return (((xf - mean) / torch.sqrt(var + eps)) * (1 + scale.float()) + shift.float()).to(x.dtype)
+
+
+@pytest.mark.parametrize("op, variant", [
+    ("rms_norm", rms_reversed_fp32_sum),
+    ("layer_norm", ln_welford),
+    ("adaln_modulate", adaln_unfused_fp32),
+])
+def test_benign_variant_passes(op, variant):
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        v = verify(op, variant, device="cpu")
+    assert v.passed, v.summary()

@@ -61,7 +61,10 @@ def check_case(item, device: str, record_property) -> list[dict]:
     record_property("numcheck", json.dumps([slim(r) for r in records], default=str))
     if all(r["status"] == "skipped" for r in records):
         pytest.skip(records[0]["reason"])
-    bad = [r for r in records if r["status"] != "passed"]
+    bad = [r for r in records if r["status"] in ("failed", "error")]
     if bad:
         pytest.fail(format_failures(bad), pytrace=False)
+    known = [r for r in records if r["status"] == "known"]
+    if known:
+        pytest.xfail(format_failures(known))
     return records

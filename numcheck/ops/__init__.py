@@ -80,6 +80,9 @@ class Kernel:
     backward: Callable[..., tuple] | None = None  # fn(grad_out, **inputs, **kwargs) -> grads
     supports: Callable[[Case, str], str | None] | None = None  # -> skip reason, or None
     compiled: bool = False  # torch.compile variant: one xdist group, fixed shapes
+    # A documented weakness of this kernel (a finding, docs/findings.md): (case, device, output)
+    # -> reason when a failure there is expected. Such records get status "known", not "failed".
+    known_failure: Callable[[Case, str, str], str | None] | None = None
 
     def skip_reason(self, case: Case, device: str) -> str | None:
         dev = torch.device(device).type
@@ -143,7 +146,7 @@ def kernel(op: str, name: str | None = None, **constraints) -> Callable:
     supports=lambda case, device: reason-or-None, compiled=True.
     """
     bad = set(constraints) - {"dtypes", "devices", "forward_only", "backward", "supports",
-                              "compiled"}
+                              "compiled", "known_failure"}
     if bad:
         raise UsageError(f"@nc.kernel({op!r}): unknown constraint(s) {sorted(bad)}; use dtypes, "
                          "devices, forward_only, backward, supports, compiled")

@@ -196,6 +196,17 @@ register_op(OpSpec(
     doc="adaln_modulate(x, shift, scale, eps) = layernorm(x) * (1 + scale) + shift; "
         "shift/scale (B, 1, D)"))
 
+def _torch_ln_backward_cancels(case: Case, device: str, output: str) -> str | None:
+    """Finding (docs/findings.md): torch's CPU layer_norm backward forms grad_x from sums of x
+    itself (not of x - mean), which cancels when mean >> std: measured 10-21x the two-pass
+    baseline's error at D=4096, fp32, large_mean rows."""
+    if output == "grad_x" and case.dist == "large_mean" and torch.device(device).type == "cpu":
+        return "torch CPU layer_norm backward: cancellation on large-mean rows"
+    return None
+
+
 register_kernel(Kernel("rms_norm", "torch", _eager_rms_norm))
-register_kernel(Kernel("layer_norm", "torch", _eager_layer_norm))
-register_kernel(Kernel("adaln_modulate", "torch", _eager_adaln))
+register_kernel(Kernel("layer_norm", "torch", _eager_layer_norm,
+                       known_failure=_torch_ln_backward_cancels))
+register_kernel(Kernel("adaln_modulate", "torch", _eager_adaln,
+                       known_failure=_torch_ln_backward_cancels))

@@ -1,13 +1,18 @@
 """numcheck: numerical validation of training kernels and low-precision paths.
 
-Public names (see ../shared/DESIGN.md, "Public contract"): ``round_to``, ``ulp_distance``,
-``error_stats`` / ``ErrorStats``, and the format table ``FORMATS``.
+Public names (docs/DESIGN.md, "Public contract"): ``round_to``, ``ulp_distance``,
+``error_stats`` / ``ErrorStats``, ``verify`` / ``Verification``, ``kernel``, ``op``, the format
+table ``FORMATS`` and the exception tree (``NumcheckError``, ``UsageError``).
 """
 from .errors import NumcheckError, UsageError
 from .formats import FORMATS, Format, round_to, ulp_distance
+from .ops import kernel, op
+from .policy import Policy
+from .run import Verification, verify
 from .stats import ErrorStats, error_stats
 
 __version__ = "0.1.0"
 
-__all__ = ["FORMATS", "ErrorStats", "Format", "NumcheckError", "UsageError", "error_stats",
-           "round_to", "ulp_distance", "__version__"]
+__all__ = ["FORMATS", "ErrorStats", "Format", "NumcheckError", "Policy", "UsageError",
+           "Verification", "error_stats", "kernel", "op", "round_to", "ulp_distance", "verify",
+           "__version__"]

@@ -178,6 +178,9 @@ def run_case(spec: OpSpec, kern: Kernel, case: Case, device: str, *,
         d, e = inputs.cast(x64, dtype, device)
         dev_in[name] = inputs.with_layout(d, layout) if d.dim() >= 2 else d
         exact[name] = e
+    # Non-float tensors (masks, class targets) ride in kwargs unrounded: the reference gets them
+    # on the CPU, kernel and baseline on the device.
+    dkw = {k: v.to(device) if isinstance(v, torch.Tensor) else v for k, v in kwargs.items()}
     grads = () if kern.forward_only else tuple(
         a for a in spec.grad_args if a not in (spec.skip_grads(case) if spec.skip_grads else ()))
     compute = _torch_dtype(case.dtype)
@@ -196,7 +199,7 @@ def run_case(spec: OpSpec, kern: Kernel, case: Case, device: str, *,
         kin = {n: (t.detach().clone().requires_grad_(n in grads) if n in grads else t)
                for n, t in dev_in.items()}
         try:
-            out = kern.fn(**kin, **kwargs)
+            out = kern.fn(**kin, **dkw)
         except Exception as e:
             rec.update(status="error", reason=f"kernel {kern.name} raised {type(e).__name__}: "
                        f"{e}", traceback=traceback.format_exc(limit=-3))
@@ -207,7 +210,7 @@ def run_case(spec: OpSpec, kern: Kernel, case: Case, device: str, *,
             return [rec]
         bin_ = {n: (t.detach().clone().requires_grad_(True) if n in grads else t)
                 for n, t in dev_in.items()}
-        base = spec.baseline(**bin_, **kwargs)
+        base = spec.baseline(**bin_, **dkw)
 
         # Backward: the same upstream gradient, rounded to the output dtype, for all three.
         kgrads = bgrads = rgrads = None
@@ -218,7 +221,7 @@ def run_case(spec: OpSpec, kern: Kernel, case: Case, device: str, *,
             try:
                 if kern.backward is not None:
                     kgrads = kern.backward(g_dev, **{n: t.detach() for n, t in kin.items()},
-                                           **kwargs)
+                                           **dkw)
                 else:
                     kgrads = torch.autograd.grad(out, [kin[n] for n in grads], g_dev,
                                                  allow_unused=True)

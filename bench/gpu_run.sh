@@ -1,0 +1,23 @@
+#!/usr/bin/env bash
+# The device check, in one run: doctor, every cuda-marked test, the op suites and the hypothesis
+# search on CUDA, and the ErrorStats benchmark on CUDA. Outputs go to $OUT (default ./out);
+# the dated notes under docs/ are written from them. Runs without installing numcheck (the GPU
+# image has its own CUDA torch): PYTHONPATH and `-p numcheck.plugin`.
+set -u
+export PYTHONUNBUFFERED=1 PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
+OUT=${OUT:-out}
+mkdir -p "$OUT"
+py=${PYTHON:-python3}
+step() {  # step NAME COMMAND...: run, keep the output, print rc and wall time
+  local name=$1; shift
+  local t0=$SECONDS
+  "$@" > "$OUT/$name.txt" 2>&1
+  echo "== $name: rc=$? $((SECONDS - t0)) s"
+  tail -n 25 "$OUT/$name.txt"
+}
+nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
+step doctor "$py" -m numcheck doctor
+step tests_cuda "$py" -m pytest -p numcheck.plugin tests -q -n 8 -m cuda -rfE -p no:cacheprovider
+step suites_cuda "$py" -m pytest -p numcheck.plugin suites -q -n 8 --dist loadgroup \
+  --numcheck-device cuda -rfEx -p no:cacheprovider
+step bench_cuda "$py" bench/bench_error_stats.py --device cuda

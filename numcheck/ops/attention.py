@@ -1,0 +1,507 @@
+"""Attention: sdpa(q, k, v, attn_mask=None, is_causal=False, scale=None), torch's signature.
+
+Shapes. ``Case.shape`` is ``(B, H, Hkv, S, Skv, D)``: q is ``(B, H, S, D)``, k and v are
+``(B, Hkv, Skv, D)``. ``Hkv < H`` is grouped-query attention (MQA when ``Hkv == 1``): query head
+``h`` reads kv head ``h // (H // Hkv)`` (torch's ``enable_gqa=True``, which kernels are given
+whenever ``Hkv != H``). ``scale`` defaults to ``1 / sqrt(D)``.
+
+Case params: ``causal`` (``is_causal=True``: an explicit lower-triangular mask aligned to the
+top-left corner, key j visible to query i iff ``j <= i``, as torch's ``is_causal``; a non-square
+causal case with ``S > Skv`` has no empty row), ``mask`` (None, ``"bool"``: a random boolean
+``attn_mask`` of shape ``(B, 1, S, Skv)``, True = attend, every row keeps at least one key;
+``"fully_masked_rows"``: the same with ``max(1, B*S // 4)`` query rows masked entirely),
+``layout`` and ``scale`` (an explicit softmax scale, ``full`` only). Masks and causal are not
+combined (torch's API rejects ``attn_mask`` with ``is_causal=True``).
+
+The boolean mask travels as a keyword argument (a CPU tensor; numcheck's input stage rounds and
+moves floating-point tensors only), so kernels move it to q's device themselves.
+
+Distributions: ``normal``, ``uniform`` (q, k, v all drawn from it); ``outlier_channels``: v with
+outlier channels (100x..1000x, inputs.draw's), q and k normal: each output row is dominated by
+one channel, which the row blocks must see through. (Outliers of that size in q or k would put
+logits at ~1000 and turn every softmax row one-hot: large logits are large_logits' job, at a
+controlled size.) ``large_logits`` (this file's own): q, k normal, then both scaled so that the
+largest |QK^T * scale| of the case is LOGIT_MAX = 100, beyond exp's range in fp16 (11.1) and in
+bf16/fp32 (88.7): a softmax that skips the max subtraction overflows in every dtype.
+
+Fully masked rows: the convention is a zero output row (as torch's math, CPU flash and flex
+attention): ``softmax`` over an empty set is defined as all zeros, so the row gets no value and
+its gradients are 0. The reference implements it with ``where`` before the exp, so it stays
+finite and differentiable there (gradcheck'd).
+
+Reference: float64, ``softmax(QK^T * scale + mask) V`` from primitives: matmul, max subtraction,
+exp, sum, division; GQA by ``repeat_interleave`` of k/v heads; backward by float64 autograd.
+Baseline: the same composition in the compute dtype (bf16/fp16/fp32 matmuls, ``torch.softmax``),
+never ``F.scaled_dot_product_attention``. Policy: the baseline rule (FlashAttention's practice,
+k = 2), blocks are the D-long output rows of each query (and of each key for grad_k/grad_v).
+No ULP gate: the weighted sum P V cancels. grad_q/grad_k are not judged where softmax saturates
+(see _unjudged_grads: their reference rows vanish and the worst-row rule would compare rounding
+noise with ~0).
+
+Measured on CPU (torch 2.13), quick and full grids: math, flash and flex pass every case in
+every dtype except two fp32 large_logits corners, declared as known weaknesses (status "known",
+see the known_failure functions): CPU flash's backward recomputes P = exp(s - lse) from logits
+rounded differently from those the forward's logsumexp saw (the scale is folded into the GEMM
+in the backward only), so at logits ~100 and a non-power-of-two scale its grad_v is 6-12x the
+naive fp32 composition's error; the math backend pre-scales q and k by sqrt(scale) and lands at
+2.5x the naive forward error on one full-grid seed (0.6x on another). The naive fp32
+composition is nearly exact on one-hot rows, so a fixed k compares where single roundings of
+~100-size logits landed; a floor of ~u_fp32 * max|logit| (one rounding of the largest logit)
+would tell the math case from a bug, but the framework has no per-case floor yet.
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+import warnings
+
+import torch
+import torch.nn.functional as F
+from torch.nn.attention import SDPBackend, sdpa_kernel
+
+from .. import formats, inputs
+from ..cases import make_grid
+from ..policy import Policy
+from . import Case, Kernel, OpSpec, register_kernel, register_op
+
+# Largest |logit| of a large_logits case: above ln(fp32 max) = 88.7, so exp without max
+# subtraction overflows in bf16/fp32 as well as fp16; attention logit growth in large models
+# reaches such values (Dehghani et al. 2023, ViT-22B; Wortsman et al. 2023).
+LOGIT_MAX = 100.0
+# Probability that a key is kept in a random boolean mask (1 - 1/4 masked).
+_MASK_KEEP = 0.75
+# One query row in four fully masked in a fully_masked_rows case (at least one).
+_EMPTY_ROWS_DEN = 4
+
+DISTS = ("normal", "outlier_channels", "uniform", "large_logits")
+
+# (B, H, Hkv, S, Skv, D)
+_SHAPES = [
+    (1, 4, 2, 127, 129, 64),  # GQA, 2 query heads per kv head; ragged S around 128 tiles
+    (2, 2, 2, 7, 7, 128),  # MHA, short square
+    (1, 6, 2, 129, 127, 80),  # GQA 3:1, head dim 80 (not a power of two); S > Skv
+    (2, 4, 1, 1, 33, 64),  # MQA decode: one query row
+]
+_FULL_SHAPES = [
+    (1, 8, 8, 256, 256, 64),  # aligned, several key blocks
+    (2, 4, 2, 65, 31, 256),  # the largest head dim flash kernels take
+    (1, 2, 2, 17, 300, 32),  # long key side
+]
+
+# The grid's "attn" factor: how attention is restricted (one factor, so that pairwise coverage
+# is not broken by a keep filter; mapped to the causal/mask params below).
+_ATTN = {"none": (False, None), "causal": (True, None), "bool": (False, "bool"),
+         "fully_masked_rows": (False, "fully_masked_rows")}
+
+
+def _dt(case: Case) -> torch.dtype:
+    return formats.get(case.dtype).torch
+
+
+def _dims(case: Case) -> tuple[int, int, int, int, int, int]:
+    b, h, hkv, s, skv, d = case.shape
+    return b, h, hkv, s, skv, d
+
+
+def _scale_of(case: Case) -> float:
+    sc = case.param("scale")
+    return float(sc) if sc is not None else 1.0 / math.sqrt(case.shape[-1])
+
+
+# ---- inputs ---------------------------------------------------------------------------------
+
+def _mask(case: Case) -> torch.Tensor | None:
+    kind = case.param("mask")
+    if kind is None:
+        return None
+    b, _, _, s, skv, _ = _dims(case)
+    u = inputs.draw("uniform", (b, 1, s, skv), seed=case.seed, stream=f"{case.id}/mask")
+    keep = u < 2 * _MASK_KEEP - 1  # U(-1, 1) < 0.5: probability 0.75
+    # Every row keeps at least one key: its own random one.
+    pick = inputs.draw("uniform", (b, 1, s, 1), seed=case.seed, stream=f"{case.id}/mask_key")
+    col = ((pick + 1) / 2 * skv).floor().clamp(max=skv - 1).long()
+    keep.scatter_(-1, col, True)
+    if kind == "fully_masked_rows":
+        rows = b * s
+        n = max(1, rows // _EMPTY_ROWS_DEN)
+        if rows > 1:
+            n = min(n, rows - 1)  # never the whole output
+        order = inputs.draw("uniform", (rows,), seed=case.seed,
+                            stream=f"{case.id}/empty_rows").argsort()
+        keep.view(rows, skv)[order[:n]] = False
+    return keep
+
+
+def _qkv(case: Case) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    b, h, hkv, s, skv, d = _dims(case)
+    qs, ks = (b, h, s, d), (b, hkv, skv, d)
+
+    def draw(dist, shape, name):
+        return inputs.draw(dist, shape, seed=case.seed, fmt=case.dtype, stream=f"{case.id}/{name}")
+
+    if case.dist == "large_logits":
+        q, k, v = draw("normal", qs, "q"), draw("normal", ks, "k"), draw("normal", ks, "v")
+        logits = (q @ _expand_kv(k, h).transpose(-2, -1)) * _scale_of(case)
+        a = math.sqrt(LOGIT_MAX / float(logits.abs().max()))
+        return q * a, k * a, v
+    if case.dist == "outlier_channels":
+        return draw("normal", qs, "q"), draw("normal", ks, "k"), draw(case.dist, ks, "v")
+    return draw(case.dist, qs, "q"), draw(case.dist, ks, "k"), draw(case.dist, ks, "v")
+
+
+def _sdpa_inputs(case: Case):
+    q, k, v = _qkv(case)
+    dt = _dt(case)
+    return ({"q": (q, dt), "k": (k, dt), "v": (v, dt)},
+            {"attn_mask": _mask(case), "is_causal": bool(case.param("causal", False)),
+             "scale": case.param("scale")})
+
+
+# ---- reference and baseline -----------------------------------------------------------------
+
+def _expand_kv(t: torch.Tensor, h: int) -> torch.Tensor:
+    """kv heads repeated for GQA: query head i reads kv head i // (H // Hkv)."""
+    hkv = t.shape[-3]
+    if h % hkv:
+        raise ValueError(f"sdpa: {h} query heads are not a multiple of {hkv} kv heads")
+    return t if hkv == h else t.repeat_interleave(h // hkv, dim=-3)
+
+
+def _allowed(attn_mask, is_causal: bool, s: int, skv: int, device) -> torch.Tensor | None:
+    """Boolean 'may attend' mask (broadcastable to the logits), or None when all keys are."""
+    allowed = None
+    if is_causal:
+        allowed = torch.ones(s, skv, dtype=torch.bool, device=device).tril()  # top-left aligned
+    if attn_mask is not None:
+        m = attn_mask.to(device)
+        m = m if m.dtype == torch.bool else m != -math.inf  # additive mask: -inf masks
+        allowed = m if allowed is None else allowed & m
+    return allowed
+
+
+def _additive(attn_mask, like: torch.Tensor):
+    """A float attn_mask is added to the logits (torch's convention); a bool one adds nothing."""
+    if attn_mask is None or attn_mask.dtype == torch.bool:
+        return None
+    return attn_mask.to(like.device, like.dtype)
+
+
+def sdpa_reference(q, k, v, attn_mask=None, is_causal=False, scale=None):
+    """float64 softmax(QK^T * scale + mask) V from primitives; fully masked rows give 0."""
+    h, s, d = q.shape[-3], q.shape[-2], q.shape[-1]
+    k, v = _expand_kv(k, h), _expand_kv(v, h)
+    skv = k.shape[-2]
+    sc = scale if scale is not None else 1.0 / math.sqrt(d)
+    logits = (q @ k.transpose(-2, -1)) * sc
+    add = _additive(attn_mask, logits)
+    if add is not None:
+        logits = logits + torch.where(add == -math.inf, 0.0, add)  # -inf: masked below
+    allowed = _allowed(attn_mask, is_causal, s, skv, q.device)
+    if allowed is None:
+        allowed = torch.ones((), dtype=torch.bool, device=q.device)
+    allowed = allowed.expand(logits.shape)
+    live = allowed.any(-1, keepdim=True)
+    # Max subtraction (exact in float64 and mathematically a no-op, hence detached); fully
+    # masked rows take m = 0, and masked logits become -inf *before* the exp, so neither the
+    # value nor the gradient sees an inf or NaN there.
+    m = torch.where(allowed, logits, -math.inf).amax(-1, keepdim=True)
+    m = torch.where(live, m, 0.0).detach()
+    e = torch.exp(torch.where(allowed, logits - m, -math.inf))
+    denom = e.sum(-1, keepdim=True)
+    p = e / torch.where(live, denom, 1.0)  # an empty row: 0 / 1 = 0
+    return p @ v
+
+
+def sdpa_baseline(q, k, v, attn_mask=None, is_causal=False, scale=None):
+    """The naive composition in the compute dtype: matmul, torch.softmax, matmul."""
+    h, s, d = q.shape[-3], q.shape[-2], q.shape[-1]
+    k, v = _expand_kv(k, h), _expand_kv(v, h)
+    skv = k.shape[-2]
+    sc = scale if scale is not None else 1.0 / math.sqrt(d)
+    logits = (q @ k.transpose(-2, -1)) * sc
+    add = _additive(attn_mask, logits)
+    if add is not None:
+        logits = logits + add
+    allowed = _allowed(attn_mask, is_causal, s, skv, q.device)
+    if allowed is None:
+        return torch.softmax(logits, dim=-1) @ v
+    logits = logits.masked_fill(~allowed, -math.inf)
+    live = allowed.expand(logits.shape).any(-1, keepdim=True)
+    # Empty rows: softmax of all -inf is NaN (and NaN gradients); give them zeros instead.
+    p = torch.softmax(torch.where(live, logits, 0.0), dim=-1)
+    return torch.where(live, p, 0.0) @ v
+
+
+# ---- kernels --------------------------------------------------------------------------------
+
+_BACKENDS = {
+    "sdpa_math": SDPBackend.MATH,
+    "sdpa_flash": SDPBackend.FLASH_ATTENTION,
+    "sdpa_efficient": SDPBackend.EFFICIENT_ATTENTION,
+    "sdpa_cudnn": SDPBackend.CUDNN_ATTENTION,
+}
+
+
+def _sdpa_under(backend: SDPBackend):
+    def fn(q, k, v, attn_mask=None, is_causal=False, scale=None):
+        if attn_mask is not None:
+            attn_mask = attn_mask.to(q.device)
+        with sdpa_kernel([backend]):
+            return F.scaled_dot_product_attention(
+                q, k, v, attn_mask=attn_mask, is_causal=is_causal, scale=scale,
+                enable_gqa=k.shape[-3] != q.shape[-3])
+    fn.__name__ = f"sdpa_{backend.name.lower()}"
+    fn.__qualname__ = fn.__name__
+    return fn
+
+
+def _flex_attention(q, k, v, attn_mask=None, is_causal=False, scale=None):
+    """flex_attention in eager mode: causal / boolean masks as a mask_mod, float masks as a
+    score_mod."""
+    from torch.nn.attention.flex_attention import create_block_mask, flex_attention
+    b, h, s, _ = q.shape
+    skv = k.shape[-2]
+    mask_mod = score_mod = None
+    if attn_mask is not None:
+        m = attn_mask.to(q.device).expand(b, h, s, skv)
+        if m.dtype == torch.bool:
+            def mask_mod(bi, hi, qi, ki):
+                return m[bi, hi, qi, ki]
+        else:
+            def score_mod(score, bi, hi, qi, ki):
+                return score + m[bi, hi, qi, ki]
+    elif is_causal:
+        def mask_mod(bi, hi, qi, ki):
+            return qi >= ki
+    block_mask = (create_block_mask(mask_mod, b, h, s, skv, device=q.device)
+                  if mask_mod is not None else None)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # "flex_attention called without torch.compile()"
+        return flex_attention(q, k, v, score_mod=score_mod, block_mask=block_mask, scale=scale,
+                              enable_gqa=k.shape[-3] != h)
+
+
+def _layout_reason(case: Case, name: str) -> str | None:
+    layout = case.param("layout", "contiguous")
+    if layout != "contiguous":
+        return (f"{name} needs q, k, v with last-dim stride 1 ({layout} inputs: torch raises "
+                "'No available kernel')")
+    return None
+
+
+def _cuda_common(case: Case, device: str, name: str) -> str | None:
+    if torch.version.hip is not None:
+        return f"{name}: ROCm's attention backends have other limits, not modeled here"
+    if not torch.cuda.is_available():
+        return f"{name}: no CUDA device"
+    return _layout_reason(case, name)
+
+
+def _capability(device: str) -> tuple[int, int]:
+    return torch.cuda.get_device_capability(torch.device(device))
+
+
+def _torch_predicate(backend: SDPBackend, case: Case, device: str) -> str | None:
+    """torch's own dispatch predicate (torch.backends.cuda.can_use_*) on empty tensors of the
+    case's shapes, dtype, layout and mask, inputs requiring grad: the exact filter list
+    sdpa_kernel([backend]) applies, for whatever torch/cuDNN version is installed."""
+    from torch.backends import cuda as bc
+    fn = {SDPBackend.FLASH_ATTENTION: bc.can_use_flash_attention,
+          SDPBackend.EFFICIENT_ATTENTION: bc.can_use_efficient_attention,
+          SDPBackend.CUDNN_ATTENTION: bc.can_use_cudnn_attention}[backend]
+    b, h, hkv, s, skv, d = _dims(case)
+    dt, layout = _dt(case), case.param("layout", "contiguous")
+
+    def empty(shape):
+        t = torch.empty(shape, dtype=dt, device=device)
+        return inputs.with_layout(t, layout).requires_grad_()
+    try:
+        q, k, v = empty((b, h, s, d)), empty((b, hkv, skv, d)), empty((b, hkv, skv, d))
+        mask = (torch.ones((b, 1, s, skv), dtype=torch.bool, device=device)
+                if case.param("mask") else None)
+        with sdpa_kernel([backend]), warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            params = bc.SDPAParams(q, k, v, mask, 0.0, bool(case.param("causal", False)),
+                                   hkv != h)
+            ok = fn(params, True)
+    except Exception as e:  # an older torch without this API: skip rather than guess
+        return f"could not evaluate torch's {backend.name} predicate: {type(e).__name__}: {e}"
+    if ok:
+        return None
+    why = "; ".join(str(w.message) for w in caught)[:300]
+    return f"torch.backends.cuda.can_use_{backend.name.lower()} rejects the case: {why}"
+
+
+def _flash_supports(case: Case, device: str) -> str | None:
+    if torch.device(device).type != "cuda":
+        # CPU flash (_scaled_dot_product_flash_attention_for_cpu): fp16/bf16/fp32/fp64, masks,
+        # causal, GQA; only the last-dim stride must be 1 (measured; sdp_utils_cpp.cpp).
+        return _layout_reason(case, "sdpa_flash")
+    b, h, hkv, s, skv, d = _dims(case)
+    reason = _cuda_common(case, device, "sdpa_flash")
+    if reason:
+        return reason
+    if case.dtype not in ("fp16", "bf16"):
+        return f"CUDA flash attention runs fp16/bf16, not {case.dtype}"
+    if case.param("mask"):
+        return "CUDA flash attention takes no attn_mask"
+    if d > 256:
+        return f"CUDA flash attention: head dim {d} > 256"
+    major, minor = _capability(device)
+    if not (8, 0) <= (major, minor) <= (12, 1):
+        return f"CUDA flash attention needs sm80..sm121, not sm{major}{minor}"
+    if ((8, 6) <= (major, minor) <= (8, 9) or major == 12) and 192 < d <= 224:
+        return f"CUDA flash attention has no backward for head dim {d} on sm{major}{minor}"
+    if case.param("causal") and s != skv:
+        return ("CUDA flash attention (FA2) aligns causal masks bottom-right; torch refuses "
+                "is_causal with S != Skv")
+    if not torch.backends.cuda.is_flash_attention_available():
+        return "torch was built without flash attention"
+    return _torch_predicate(SDPBackend.FLASH_ATTENTION, case, device)
+
+
+def _efficient_supports(case: Case, device: str) -> str | None:
+    b, h, hkv, s, skv, d = _dims(case)
+    reason = _cuda_common(case, device, "sdpa_efficient")
+    if reason:
+        return reason
+    major, minor = _capability(device)
+    if not (5, 0) <= (major, minor) <= (12, 1):
+        return f"memory-efficient attention needs sm50..sm121, not sm{major}{minor}"
+    if case.dtype == "bf16" and major < 8:
+        return "memory-efficient attention runs bf16 on sm80 and newer only"
+    align = 4 if case.dtype == "fp32" else 8  # CUTLASS GEMM alignment (sdp_utils.cpp)
+    if d % align:
+        return f"memory-efficient attention needs head dim % {align} == 0, got {d}"
+    return _torch_predicate(SDPBackend.EFFICIENT_ATTENTION, case, device)
+
+
+def _cudnn_supports(case: Case, device: str) -> str | None:
+    b, h, hkv, s, skv, d = _dims(case)
+    reason = _cuda_common(case, device, "sdpa_cudnn")
+    if reason:
+        return reason
+    if case.dtype not in ("fp16", "bf16"):
+        return f"cuDNN attention runs fp16/bf16, not {case.dtype}"
+    if d % 8 or d > 128:
+        # 256 is allowed on sm90/sm100 with recent cuDNN only; 128 holds everywhere.
+        return f"cuDNN attention: head dim must be a multiple of 8 and <= 128, got {d}"
+    if skv == 1:
+        return "cuDNN attention does not take a key/value sequence of length 1"
+    if case.param("mask"):
+        # attn_mask support (and its broadcast shapes) depends on the cuDNN/torch version.
+        return "cuDNN attention: attn_mask support varies by cuDNN version; not run"
+    if case.param("causal") and s != skv:
+        return "cuDNN attention: causal alignment with S != Skv varies by version; not run"
+    major, minor = _capability(device)
+    if not (8, 0) <= (major, minor) <= (12, 1):
+        return f"cuDNN attention needs sm80..sm121, not sm{major}{minor}"
+    ver = torch.backends.cudnn.version() if torch.backends.cudnn.is_available() else None
+    if ver is None or ver < 90000:
+        return f"cuDNN attention needs cuDNN >= 9.0, found {ver}"
+    return _torch_predicate(SDPBackend.CUDNN_ATTENTION, case, device)
+
+
+# ---- registration ---------------------------------------------------------------------------
+
+_FACTORS = {"dtype": ["fp32", "bf16", "fp16"], "shape": _SHAPES, "dist": list(DISTS),
+            "attn": list(_ATTN), "layout": ["contiguous"], "scale": [None]}
+# full: wider shapes, strided inputs (a slice of a fused QKV projection; column-major S x D),
+# an explicit softmax scale (4x the default logits for D=64).
+_FULL = {"shape": _FULL_SHAPES, "layout": ["sliced", "transposed"], "scale": [0.5]}
+
+_base_grid = make_grid("sdpa", _FACTORS, extra_full=_FULL)
+
+
+def sdpa_grid(cases: str) -> list[Case]:
+    """make_grid's pairwise cases, the attn factor turned into the causal and mask params."""
+    out = []
+    for c in _base_grid(cases):
+        p = dict(c.params)
+        causal, mask = _ATTN[p.pop("attn")]
+        params = (("causal", causal), ("mask", mask), ("layout", p["layout"]),
+                  ("scale", p["scale"]))
+        out.append(dataclasses.replace(c, params=params))
+    return out
+
+
+def _rows(case: Case, shape: torch.Size):
+    return shape[-1] if len(shape) else None
+
+
+# Softmax saturates (near one-hot rows) under these distributions: see _unjudged_grads.
+_PEAKED = ("large_logits",)
+
+
+def _unjudged_grads(case: Case) -> tuple[str, ...]:
+    """grad_q and grad_k where their reference rows vanish (no relative rule applies).
+
+    * Causal with S == 1: the one query sees one key, softmax is constant 1 and the reference
+      grad_q and grad_k are exactly 0.
+    * Saturated softmax (large_logits): grad_q_i = scale sum_j dS_ij k_j with
+      dS = P (dP - rowsum(dO * O)) is ~e^-(logit gap) of its natural scale |dO||O||k| in most
+      rows. FlashAttention's backward (every flash kernel: D = rowsum(dO * O) from the stored,
+      rounded O; P recomputed from an fp32 logsumexp) leaves an error of u |dO||O||k| in every
+      row, so the worst-row rule compares rounding noise with a near-zero row (measured on
+      CPU flash: emulating only the rounded O in float64 reproduces its grad_q error), while
+      the naive baseline's one-hot softmax cancels exactly. grad_v = P^T dO stays judged.
+    """
+    if case.param("causal") and case.shape[3] == 1:
+        return ("q", "k")
+    return ("q", "k") if case.dist in _PEAKED else ()
+
+
+register_op(OpSpec(
+    "sdpa", _sdpa_inputs, sdpa_reference, sdpa_baseline, sdpa_grid,
+    # The defaults: baseline rule k = 2 (FlashAttention's tests), floor 2u (one rounding more
+    # than the baseline), gradients k = 4 / floor 4u (a backward chains more roundings).
+    Policy(notes="baseline rule only: P V cancels, no ULP or componentwise gate"),
+    grad_args=("q", "k", "v"), blocks=_rows, skip_grads=_unjudged_grads,
+    doc="sdpa(q, k, v, attn_mask=None, is_causal=False, scale=None); Case.shape = "
+        "(B, H, Hkv, S, Skv, D), q (B, H, S, D), k/v (B, Hkv, Skv, D); fully masked rows -> 0"))
+
+def _pow2(x: float) -> bool:
+    return math.frexp(x)[0] == 0.5
+
+
+def _cpu_flash_lse_backward(case: Case, device: str, output: str) -> str | None:
+    """Finding: torch's CPU flash backward recomputes P = exp(s - lse) with logits s that do
+    not match, bit for bit, those the forward's logsumexp came from: the backward folds the
+    softmax scale into its GEMM (alpha = scale), the forward multiplies the GEMM's rounded
+    result by the scale. Unless the scale is a power of two (1/sqrt(D) for D = 64 is; 80, 128
+    are not), the two differ by an fp32 ulp of the logit, and at logits ~100 the lse is off the
+    recomputed logits by up to ~4e-5: P, hence grad_v and grad_q, carry ~1e-5 relative error,
+    8-9x the naive fp32 composition's. Measured: P = exp(fp32 GEMM with alpha=scale - the
+    kernel's own lse) reproduces its grad_v to 5e-7 of its 1.2e-5 error; with scale = 1/8 on
+    the same inputs the error drops to ~1.3x the naive one. The forward is as accurate as the
+    naive composition; bf16/fp16 hide the mismatch under their own rounding."""
+    sc = case.param("scale")
+    sc = float(sc) if sc is not None else 1.0 / math.sqrt(case.shape[-1])
+    if (torch.device(device).type == "cpu" and case.dtype == "fp32" and not _pow2(sc)
+            and case.dist == "large_logits" and output.startswith("grad_")):
+        return ("CPU flash backward: logits recomputed with the scale folded into the GEMM do "
+                "not match the forward's logsumexp (non-power-of-two scale, logits ~100)")
+    return None
+
+
+def _math_prescaled_logits(case: Case, device: str, output: str) -> str | None:
+    """Finding: torch's math backend scales q and k by sqrt(scale) before Q K^T (float64
+    emulation matches it bit for bit), two more fp32 roundings of logits of size ~100; on
+    large_logits fp32 cases its error sits at the 2x rule's edge (2.5x the naive error on one
+    full-grid seed, 0.6x on another)."""
+    if case.dtype == "fp32" and case.dist == "large_logits" and output == "out":
+        return "math backend: q, k pre-scaled by sqrt(scale), fp32 logits of ~100 rounded twice"
+    return None
+
+
+register_kernel(Kernel("sdpa", "sdpa_math", _sdpa_under(SDPBackend.MATH),
+                       known_failure=_math_prescaled_logits))
+register_kernel(Kernel("sdpa", "sdpa_flash", _sdpa_under(SDPBackend.FLASH_ATTENTION),
+                       supports=_flash_supports, known_failure=_cpu_flash_lse_backward))
+register_kernel(Kernel("sdpa", "sdpa_efficient", _sdpa_under(SDPBackend.EFFICIENT_ATTENTION),
+                       devices=("cuda",), supports=_efficient_supports))
+register_kernel(Kernel("sdpa", "sdpa_cudnn", _sdpa_under(SDPBackend.CUDNN_ATTENTION),
+                       devices=("cuda",), dtypes=("fp16", "bf16"), supports=_cudnn_supports))
+# Eager flex_attention has no backward on CPU (NotImplementedError) and on CUDA its eager path
+# is a debugging reference: forward only.
+register_kernel(Kernel("sdpa", "flex_attention", _flex_attention, forward_only=True))

@@ -16,11 +16,14 @@ FULL_SEEDS = (0, 1, 2)  # three seeds separate a real regression from one unluck
 
 
 def make_grid(op: str, factors: dict[str, list], *, extra_full: dict[str, list] | None = None,
-              keep: Callable[[dict[str, Any]], bool] | None = None
-              ) -> Callable[[str], list[Case]]:
+              keep: Callable[[dict[str, Any]], bool] | None = None,
+              repair: Callable[[dict[str, Any]], dict[str, Any]] | None = None,
+              probes: list[dict[str, Any]] = ()) -> Callable[[str], list[Case]]:
     """A grid function for an op. ``factors`` must hold dtype, shape and dist; any other key is
     an op param (causal, layout, ...). ``extra_full`` adds values used by ``full`` only;
-    ``keep`` drops combinations that make no sense (e.g. causal with a mask)."""
+    ``keep`` drops combinations that make no sense (e.g. causal with a mask); ``repair`` turns
+    a row into one that does (e.g. an fp16 GEMM too big for this CPU into bf16); ``probes`` are
+    fixed rows added to both sets (e.g. the GEMM accumulation probes)."""
     missing = {"dtype", "shape", "dist"} - set(factors)
     if missing:
         raise UsageError(f"make_grid({op!r}): factors lack {sorted(missing)}")
@@ -38,10 +41,10 @@ def make_grid(op: str, factors: dict[str, list], *, extra_full: dict[str, list] 
             # an op's factors runs to thousands of cases, beyond a nightly budget on 2 cores.
             rows, seeds = pairwise(merged), FULL_SEEDS
         out, seen = [], set()
-        for row in rows:
+        for row in [repair(r) if repair else r for r in rows] + list(probes):
             if keep is not None and not keep(row):
                 continue
-            params = tuple((k, v) for k, v in row.items() if k not in ("dtype", "shape", "dist"))
+            params = tuple((k, row[k]) for k in factors if k not in ("dtype", "shape", "dist"))
             for seed in seeds:
                 c = Case(op, row["dtype"], tuple(row["shape"]), row["dist"], seed, params)
                 if c.id not in seen:

@@ -54,6 +54,7 @@ def make_grid(op: str, factors: dict[str, list], *, extra_full: dict[str, list] 
     grid.factors = {k: list(v) + [x for x in (extra_full or {}).get(k, []) if x not in v]
                     for k, v in factors.items()}  # what the hypothesis search samples from
     grid.keep = keep
+    grid.repair = repair
     return grid
 
 

@@ -64,12 +64,15 @@ def _block_rel(s: ErrorStats) -> float:
 
 def judge(policy: Policy, k: ErrorStats, b: ErrorStats | None, *, what: str = "out",
           compute: str | None = None, bound_ratio: float | None = None,
-          baseline_bound_ratio: float | None = None, reduction_len: int = 0, grad: bool = False,
-          verdict: Verdict | None = None) -> Verdict:
+          baseline_bound_ratio: float | None = None, reduction_len: float = 0,
+          cond: float = 1.0, grad: bool = False, verdict: Verdict | None = None) -> Verdict:
     """Apply the policy to kernel stats ``k`` (and baseline stats ``b``); messages name ``what``.
 
     compute: the case's compute format; the floor allows one rounding in the coarser of it and
     the output's format (an fp32 gradient of fp16 work carries fp16 roundings).
+    cond: ||scale|| / ||ref|| for ops with a componentwise scale (>= 1): the floor is one
+    rounding of the scale, not of the result, where cancellation makes the result small (a
+    7-element large-mean row: cond 512; two correct kernels then differ by 2.5x at random).
     """
     v = verdict or Verdict()
     u = max(formats.get(k.fmt).unit_roundoff,
@@ -78,7 +81,7 @@ def judge(policy: Policy, k: ErrorStats, b: ErrorStats | None, *, what: str = "o
         v.fail(f"{what}: {k.nonfinite_mismatch} element(s) non-finite where the rounded "
                f"reference is not, or the reverse (NaN {k.n_nan}, inf {k.n_inf})")
     kk = policy.grad_baseline_k if grad else policy.baseline_k
-    floor = (policy.grad_floor_u if grad else policy.floor_u) * u
+    floor = (policy.grad_floor_u if grad else policy.floor_u) * u * max(1.0, cond)
     if b is not None:
         if not k.rel_l2 <= kk * b.rel_l2 + floor:  # `not <=` so that NaN fails
             v.fail(f"{what}: rel_l2 {k.rel_l2:.3e} > {kk:g} x baseline {b.rel_l2:.3e} + "

@@ -243,8 +243,13 @@ def run_case(spec: OpSpec, kern: Kernel, case: Case, device: str, *,
     bs = error_stats(base.detach().to(out.dtype), ref, blocks=blocks)
     ratio = _bound_ratio(out, ref, scale, out_fmt)
     bratio = _bound_ratio(base.to(out.dtype), ref, scale, out_fmt)
+    cond = 1.0
+    if scale is not None:
+        fin = torch.isfinite(ref) & torch.isfinite(scale)
+        rn = float(ref[fin].norm())
+        cond = float(scale[fin].norm()) / rn if rn > 0 else 1.0
     verdict = judge(spec.policy, ks, bs, what="out", compute=case.dtype, bound_ratio=ratio,
-                    baseline_bound_ratio=bratio,
+                    baseline_bound_ratio=bratio, cond=cond,
                     reduction_len=spec.reduction_len(case) if spec.reduction_len else 0)
     rec.update(_stat_columns("kernel", ks))
     rec.update(_stat_columns("baseline", bs))

@@ -26,7 +26,10 @@ def case_strategy(spec: OpSpec) -> st.SearchStrategy[Case]:
         raise UsageError(f"op {spec.name}: its grid has no factor lists to search over "
                          "(build it with numcheck.cases.make_grid)")
     keep = getattr(spec.grid, "keep", None)
+    repair = getattr(spec.grid, "repair", None)
     rows = st.fixed_dictionaries({k: st.sampled_from(v) for k, v in factors.items()})
+    if repair is not None:
+        rows = rows.map(repair)
     if keep is not None:
         rows = rows.filter(keep)
 

@@ -58,7 +58,7 @@ class OpSpec:
     scale: Callable[..., torch.Tensor] | None = None
     # Length of the reduction behind each output element (D for norms, K for GEMM), for
     # Policy.bound_per_len.
-    reduction_len: Callable[[Case], int] | None = None
+    reduction_len: Callable[[Case], float] | None = None
     # Gradients not judged in a case, with the reason in the op's doc (an exactly-zero
     # reference gradient, where no relative rule applies).
     skip_grads: Callable[[Case], tuple[str, ...]] | None = None

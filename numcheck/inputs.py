@@ -568,12 +568,16 @@ def register_profiles() -> None:
     Both: no deadline and no too_slow health check (a kernel plus an FP64 reference on a 1025-wide
     input is slow by nature, and its time varies with the machine).
     """
+    # parent="default": otherwise a profile inherits whatever profile is loaded at the time
+    # (the plugin loads "quick" first, and "full" would inherit quick's missing shrink phase).
+    base = settings.get_profile("default")
     settings.register_profile(
-        "quick", derandomize=True, max_examples=_QUICK_EXAMPLES, deadline=None, database=None,
+        "quick", parent=base, derandomize=True, max_examples=_QUICK_EXAMPLES, deadline=None,
+        database=None,
         phases=(Phase.explicit, Phase.generate, Phase.target),
         suppress_health_check=(HealthCheck.too_slow,))
     settings.register_profile(
-        "full", derandomize=False, max_examples=_FULL_EXAMPLES, deadline=None,
+        "full", parent=base, derandomize=False, max_examples=_FULL_EXAMPLES, deadline=None,
         suppress_health_check=(HealthCheck.too_slow,))
 
 

@@ -30,8 +30,9 @@ DEFAULT_BLOCK = 1024  # flat block size when the caller gives none: 1 bad elemen
 BLOCK_ENERGY_EPS = 1e-4  # low-energy floor: blocks 40 dB below the median block are judged at that level
 _CHUNK = 1 << 17  # elements per step on CPU: float64 temporaries stay cache-sized
 # On CUDA each step is a few dozen kernel launches and host syncs: 2^17 measured 150x slower
-# than assert_close on an H200; 2^21 keeps temporaries (~15 x 16 MiB) under 3x a 2^25 output.
-_CHUNK_CUDA = 1 << 21
+# than assert_close on an H200 and 2^21 24x, but 2^21 peaked at 209 MiB (> 3x a 64 MiB
+# output); 2^20 halves the temporaries (~15 x 8 MiB).
+_CHUNK_CUDA = 1 << 20
 _DIGIT = 16  # radix-select digit width for the exact p99
 
 

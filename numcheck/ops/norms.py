@@ -214,11 +214,11 @@ def _cuda_rms_subnormal_grad(case: Case, device: str, output: str) -> str | None
 
 
 def _torch_ln_backward_cancels(case: Case, device: str, output: str) -> str | None:
-    """Finding (docs/findings.md): torch's CPU layer_norm backward forms grad_x from sums of x
+    """Finding (docs/findings.md): torch's layer_norm backward forms grad_x from sums of x
     itself (not of x - mean), which cancels when mean >> std: measured 10-21x the two-pass
-    baseline's error at D=4096, fp32, large_mean rows."""
-    if output == "grad_x" and case.dist == "large_mean" and torch.device(device).type == "cpu":
-        return "torch CPU layer_norm backward: cancellation on large-mean rows"
+    baseline's error at D=4096, fp32, large_mean rows on CPU; 4.2x at D=7 on CUDA (H200)."""
+    if output == "grad_x" and case.dist == "large_mean":
+        return "torch layer_norm backward: cancellation on large-mean rows"
     return None
 
 

@@ -183,7 +183,6 @@ def run_case(spec: OpSpec, kern: Kernel, case: Case, device: str, *,
     dkw = {k: v.to(device) if isinstance(v, torch.Tensor) else v for k, v in kwargs.items()}
     grads = () if kern.forward_only else tuple(
         a for a in spec.grad_args if a not in (spec.skip_grads(case) if spec.skip_grads else ()))
-    compute = _torch_dtype(case.dtype)
     allowed = spec_out_dtypes(spec, case)
 
     # FP64 reference on the CPU (the same on every device), with autograd for the grads.

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import math
 import re
-import warnings
 
 import mpmath
 import pytest
@@ -16,22 +15,14 @@ from numcheck import formats
 from numcheck.ops import Kernel, get_op, kernels
 from numcheck.ops.activations import (SILU_OVERFLOW_X, gelu_reference, silu_reference,
                                       swiglu_reference)
-from numcheck.run import verify
+from _support import gen, quiet_verify
 
 pytestmark = pytest.mark.filterwarnings("ignore:Mismatch dtype")
 
 OPS = ["gelu", "silu", "swiglu"]
 
 
-def _gen(*shape, seed=0):
-    g = torch.Generator().manual_seed(seed)
-    return torch.randn(*shape, dtype=torch.float64, generator=g)
-
-
-def _verify(op, fn, **kw):
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        return verify(op, fn, device="cpu", **kw)
+_gen, _verify = gen, quiet_verify
 
 
 # ---- references -----------------------------------------------------------------------------

@@ -186,14 +186,20 @@ def _additive(attn_mask, like: torch.Tensor):
     return attn_mask.to(like.device, like.dtype)
 
 
-def sdpa_reference(q, k, v, attn_mask=None, is_causal=False, scale=None):
-    """float64 softmax(QK^T * scale + mask) V from primitives; fully masked rows give 0."""
-    h, s, d = q.shape[-3], q.shape[-2], q.shape[-1]
+def _scaled_logits(q, k, v, attn_mask, scale):
+    """QK^T * scale with kv heads expanded for GQA, in the inputs' dtype; shared by reference
+    and baseline. Returns (logits, v expanded, additive float mask or None)."""
+    h, d = q.shape[-3], q.shape[-1]
     k, v = _expand_kv(k, h), _expand_kv(v, h)
-    skv = k.shape[-2]
     sc = scale if scale is not None else 1.0 / math.sqrt(d)
     logits = (q @ k.transpose(-2, -1)) * sc
-    add = _additive(attn_mask, logits)
+    return logits, v, _additive(attn_mask, logits)
+
+
+def sdpa_reference(q, k, v, attn_mask=None, is_causal=False, scale=None):
+    """float64 softmax(QK^T * scale + mask) V from primitives; fully masked rows give 0."""
+    logits, v, add = _scaled_logits(q, k, v, attn_mask, scale)
+    s, skv = logits.shape[-2], logits.shape[-1]
     if add is not None:
         logits = logits + torch.where(add == -math.inf, 0.0, add)  # -inf: masked below
     allowed = _allowed(attn_mask, is_causal, s, skv, q.device)
@@ -214,12 +220,8 @@ def sdpa_reference(q, k, v, attn_mask=None, is_causal=False, scale=None):
 
 def sdpa_baseline(q, k, v, attn_mask=None, is_causal=False, scale=None):
     """The naive composition in the compute dtype: matmul, torch.softmax, matmul."""
-    h, s, d = q.shape[-3], q.shape[-2], q.shape[-1]
-    k, v = _expand_kv(k, h), _expand_kv(v, h)
-    skv = k.shape[-2]
-    sc = scale if scale is not None else 1.0 / math.sqrt(d)
-    logits = (q @ k.transpose(-2, -1)) * sc
-    add = _additive(attn_mask, logits)
+    logits, v, add = _scaled_logits(q, k, v, attn_mask, scale)
+    s, skv = logits.shape[-2], logits.shape[-1]
     if add is not None:
         logits = logits + add
     allowed = _allowed(attn_mask, is_causal, s, skv, q.device)

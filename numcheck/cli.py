@@ -262,3 +262,175 @@ def _verify(args: argparse.Namespace) -> int:
                kernel_name=None if ":" not in args.kernel else args.kernel.split(":", 1)[1])
     print(v.summary())
     return EXIT_OK if v.passed else EXIT_FAILED
+
+
+# --- run / refresh ------------------------------------------------------------------------------
+
+def _suites_dir():
+    from pathlib import Path
+    here = Path(__file__).resolve().parent.parent / "suites"
+    if not here.is_dir():
+        raise UsageError(f"built-in suites not found at {here}: numcheck run needs a source "
+                         f"checkout (pip install -e <repo>)")
+    return here
+
+
+def _suite_files(names: list[str] | None) -> list[str]:
+    root = _suites_dir()
+    known = {p.stem[5:]: p for p in sorted(root.glob("test_*.py"))}
+    if not names:
+        return [str(p) for p in known.values()]
+    bad = [n for n in names if n not in known]
+    if bad:
+        raise UsageError(f"--suite {', '.join(bad)}: unknown; built-in suites: "
+                         f"{', '.join(known)}")
+    return [str(known[n]) for n in names]
+
+
+_SELECT = (
+    _arg("--suite", action="append", default=None,
+         help="built-in suite to run (repeatable; default all): ops, search, quant, convergence"),
+    _arg("-k", dest="keyword", default=None, help="pytest -k selection within the suites"),
+    _arg("-n", dest="workers", default="2", help="pytest-xdist workers (0: in process)"),
+    _arg("--cases", default="quick", choices=("quick", "full")),
+    _arg("--device", default=None, help="cpu or cuda (default: cuda when present)"),
+    _arg("--golden-dir", default=None, help="golden folder (default: golden/ of the checkout)"),
+)
+
+
+def _pytest(args: argparse.Namespace, extra: list[str]) -> int:
+    """Run the built-in suites under pytest with the numcheck options; pytest's exit code."""
+    import importlib.util
+    import os
+    import subprocess
+    from pathlib import Path
+
+    cmd = [sys.executable, "-m", "pytest", *_suite_files(args.suite), "-q", "-p", "no:cacheprovider",
+           f"--numcheck-cases={args.cases}", *extra]
+    if args.keyword:
+        cmd += ["-k", args.keyword]
+    if args.device:
+        cmd += [f"--numcheck-device={args.device}"]
+    if args.golden_dir:
+        cmd += [f"--numcheck-golden-dir={Path(args.golden_dir).resolve()}"]
+    if str(args.workers) not in ("0", "1"):
+        if importlib.util.find_spec("xdist") is None:
+            raise UsageError(f"-n {args.workers}: pytest-xdist is not installed "
+                             f"(pip install pytest-xdist, or -n 0)")
+        cmd += ["-n", str(args.workers), "--dist", "loadgroup"]
+    print("+ " + " ".join(cmd), flush=True)
+    return subprocess.call(cmd, cwd=_suites_dir().parent, env=dict(os.environ))
+
+
+def _exit_of(pytest_rc: int) -> int:
+    # pytest: 0 passed, 1 tests failed, 2 interrupted, 3 internal error, 4 usage, 5 no tests.
+    return {0: EXIT_OK, 1: EXIT_FAILED}.get(pytest_rc, EXIT_USAGE)
+
+
+@_command("run", help="run the built-in suites on this machine's device against the goldens",
+          arguments=_SELECT + (
+              _arg("--strict", action="store_true",
+                   help="a case without golden fails (CI); no golden is written"),
+              _arg("--results", default="results/numcheck-results.parquet",
+                   help="results parquet (default: %(default)s)"),
+              _arg("--report", default=None,
+                   help="markdown report (default: beside the results, report.md)")))
+def _run(args: argparse.Namespace) -> int:
+    """Run the built-in suites (quick cases by default) on this machine's device, compare every
+    case with the goldens, write the results parquet and a markdown report. Exit 0 when all
+    passed, 1 on a numerical failure or golden regression, 2 on usage or environment errors
+    (a bad golden file among them; results are still written)."""
+    from pathlib import Path
+
+    results = Path(args.results).resolve()
+    report = Path(args.report).resolve() if args.report else results.with_name("report.md")
+    extra = [f"--numcheck-results={results}"] + (["--numcheck-strict"] if args.strict else [])
+    rc = _exit_of(_pytest(args, extra))
+    if results.exists():
+        _write_report(results, report)
+        print(f"results: {results}\nreport:  {report}")
+    return rc
+
+
+def _write_report(results, report) -> None:
+    from .golden import read
+    from .report import markdown_report
+
+    gf = read(results, results=True)
+    report.parent.mkdir(parents=True, exist_ok=True)
+    report.write_text(markdown_report(list(gf.rows.values()), gf.provenance))
+
+
+@_command("refresh", help="rerun the selected suites and rewrite their golden rows",
+          arguments=_SELECT + (
+              _arg("--new-only", action="store_true",
+                   help="only add rows for cases that have none"),
+              _arg("--prune", action="store_true",
+                   help="also remove rows of cases that no longer exist"),
+              _arg("--allow-nonfinite", action="store_true",
+                   help="store NaN/inf the FP64 reference does not have (refused otherwise)")))
+def _refresh(args: argparse.Namespace) -> int:
+    """Rerun the selected suites (--suite, -k) and rewrite the goldens of the cases that ran;
+    prints per case what changed (old -> new). Files whose rows did not change are not
+    rewritten. Review the diff (git diff golden/, or the .txt beside each file) and commit."""
+    extra = ["--numcheck-refresh-new-only" if args.new_only else "--numcheck-refresh"]
+    if args.prune:
+        extra.append("--numcheck-prune")
+    if args.allow_nonfinite:
+        extra.append("--numcheck-refresh-allow-nonfinite")
+    return _exit_of(_pytest(args, extra))
+
+
+# --- compare / show / report --------------------------------------------------------------------
+
+@_command("compare", help="per-case changes between two goldens or results files",
+          arguments=(_arg("old"), _arg("new"),
+                     _arg("--all", action="store_true", help="also list unchanged rows")))
+def _compare(args: argparse.Namespace) -> int:
+    """Compare NEW with OLD row by row under the golden regression rules (regressions first).
+    Exit 1 when a row regressed, 0 otherwise, 2 for unreadable files."""
+    from . import golden
+    from .regression import Change, compare_row
+    from .report import change_table
+
+    old, new = golden.read(args.old, results=True), golden.read(args.new, results=True)
+    for gf, name in ((old, args.old), (new, args.new)):
+        if not gf.exists:
+            raise UsageError(f"{name}: no such file")
+    changes = [compare_row(old.rows.get(k), row) for k, row in new.rows.items()]
+    changes += [Change(k, "removed", ["row not in NEW"], row, None)
+                for k, row in old.rows.items() if k not in new.rows]
+    print(change_table(changes, show_same=args.all))
+    return EXIT_FAILED if any(c.regressed for c in changes) else EXIT_OK
+
+
+@_command("show", help="a golden or results file as sorted text (git textconv driver)",
+          arguments=(_arg("file"),))
+def _show(args: argparse.Namespace) -> int:
+    """Print FILE as text, one sorted line per row. As a git textconv driver it makes `git diff`
+    of goldens readable: git config diff.numcheck.textconv "numcheck show" and a line
+    `*.parquet diff=numcheck` in .gitattributes."""
+    from .golden import show
+    print(show(args.file), end="")
+    return EXIT_OK
+
+
+@_command("report", help="markdown report of a results file (for a PR comment)",
+          arguments=(_arg("results"), _arg("--out", default=None, help="write here, not stdout")))
+def _report(args: argparse.Namespace) -> int:
+    """Markdown for a pull-request comment: summary, failures and regressions with repro
+    commands, worst cases per op."""
+    from pathlib import Path
+
+    from .golden import read
+    from .report import markdown_report
+
+    gf = read(args.results, results=True)
+    if not gf.exists:
+        raise UsageError(f"{args.results}: no such results file (numcheck run writes one)")
+    text = markdown_report(list(gf.rows.values()), gf.provenance)
+    if args.out:
+        Path(args.out).write_text(text)
+    else:
+        print(text, end="")
+    return EXIT_OK

@@ -1,4 +1,4 @@
-"""Human-readable views of records: the table ``numcheck verify`` prints (markdown later)."""
+"""Human-readable views of records: the verify table, the compare table, the markdown report."""
 from __future__ import annotations
 
 import math
@@ -45,3 +45,87 @@ def verification_table(v: "Verification") -> str:
             lines.append(f"    inputs saved: {r['saved_inputs']}")
         lines.append(f"    repro: {r['repro']}")
     return "\n".join(lines)
+
+
+# --- goldens and results ------------------------------------------------------------------------
+
+_ORDER = {"regressed": 0, "missing": 1, "inputs_changed": 2, "removed": 3, "new": 4,
+          "improved": 5, "same": 6}
+
+
+def change_table(changes: list, *, show_same: bool = False) -> str:
+    """``numcheck compare``: one line per changed row, regressions first."""
+    rows = sorted((c for c in changes if show_same or c.kind != "same"),
+                  key=lambda c: (_ORDER.get(c.kind, 9), tuple(map(str, c.key))))
+    counts = {}
+    for c in changes:
+        counts[c.kind] = counts.get(c.kind, 0) + 1
+    lines = [", ".join(f"{counts[k]} {k}" for k in sorted(counts, key=lambda k: _ORDER.get(k, 9)))
+             or "no rows"]
+    for c in rows:
+        lines.append(f"{c.kind:>14}  {'/'.join(map(str, c.key[1:5]))} [{c.key[5]}]")
+        lines.append(f"{'':16}{c.metrics_line()}")
+        for m in c.messages:
+            lines.append(f"{'':16}{m}")
+    return "\n".join(lines)
+
+
+def _cell(x) -> str:
+    if x is None or (isinstance(x, float) and math.isnan(x)):
+        return "-"
+    if isinstance(x, float):
+        return "inf" if x == math.inf else f"{x:.3g}"
+    return str(x).replace("|", "\\|")
+
+
+def markdown_report(rows: list[dict], provenance: dict, *, worst_per_op: int = 3) -> str:
+    """The PR-comment report of a results file: summary, failures and regressions with their
+    repro commands, and the worst cases per op (kernel error over baseline error)."""
+    from collections import Counter
+
+    status = Counter(r.get("status") for r in rows)
+    gold = Counter(r.get("golden") for r in rows if r.get("golden"))
+    out = ["## numcheck report", "",
+           f"{len(rows)} records on `{provenance.get('device_class', '?')}` "
+           f"({provenance.get('device_name', '?')}, {provenance.get('cpu_isa', '')}), "
+           f"numcheck {provenance.get('numcheck', '?')}, torch {provenance.get('torch', '?')}, "
+           f"{provenance.get('date', '')}", "",
+           "| passed | failed | kernel errors | known | skipped | golden regressed | improved | "
+           "new | missing | inputs changed |",
+           "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+           f"| {status['passed']} | {status['failed']} | {status['error']} | {status['known']} | "
+           f"{status['skipped']} | {gold['regressed']} | {gold['improved']} | {gold['new']} | "
+           f"{gold['missing']} | {gold['inputs_changed']} |", ""]
+    bad = [r for r in rows if r.get("status") in ("failed", "error")
+           or r.get("golden") in ("regressed", "missing", "inputs_changed")]
+    if bad:
+        out += ["### Failures and regressions", ""]
+        for r in sorted(bad, key=lambda r: (r.get("golden") != "regressed", r.get("op"),
+                                            r.get("kernel"), r.get("case_id"))):
+            why = r.get("reason") if r.get("status") in ("failed", "error") else ""
+            if r.get("golden") not in (None, "same", "new", "improved"):
+                why = (why + "; " if why else "") + f"golden {r['golden']}: {r.get('golden_reason')}"
+            out.append(f"- **{r['op']}/{r['kernel']}** `{r['case_id']}` {r.get('output')}: {why}")
+            if r.get("repro"):
+                out.append(f"  - repro: `{r['repro']}`")
+        out.append("")
+    else:
+        out += ["No failures and no golden regressions.", ""]
+    out += ["### Worst cases per op", "",
+            "kernel error over the same-precision baseline's (rel_l2 ratio; 1 = as good as the "
+            "naive baseline, the absolute gate is 2x + floor)", "",
+            "| op | kernel | case | output | SQNR dB | baseline dB | worst block dB | ratio |",
+            "|---|---|---|---|---:|---:|---:|---:|"]
+    by_op: dict[str, list] = {}
+    for r in rows:
+        k, b = r.get("kernel_rel_l2"), r.get("baseline_rel_l2")
+        if r.get("series") is not None or k is None or b is None or not b or \
+                not math.isfinite(k) or not math.isfinite(b):
+            continue
+        by_op.setdefault(r["op"], []).append((k / b, r))
+    for op in sorted(by_op):
+        for ratio, r in sorted(by_op[op], key=lambda t: -t[0])[:worst_per_op]:
+            out.append(f"| {op} | {r['kernel']} | `{r['case_id']}` | {r.get('output')} | "
+                       f"{_cell(r.get('kernel_sqnr_db'))} | {_cell(r.get('baseline_sqnr_db'))} | "
+                       f"{_cell(r.get('kernel_min_block_sqnr_db'))} | {ratio:.2f} |")
+    return "\n".join(out) + "\n"

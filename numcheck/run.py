@@ -10,6 +10,7 @@ raises, or returns the wrong shape, dtype or device, fails that case by name; th
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import json
 import math
 import traceback
@@ -105,8 +106,28 @@ def _base_record(spec: OpSpec, kern: Kernel, case: Case, device: str) -> dict[st
         "op": spec.name, "kernel": kern.name, "case_id": case.id, "output": "out",
         "dtype": case.dtype, "shape": "x".join(map(str, case.shape)), "dist": case.dist,
         "seed": case.seed, "params": ",".join(f"{k}={v}" for k, v in case.params),
-        "device": device, "status": "skipped", "reason": "",
+        "device": device, "device_class": environment.device_class(device),
+        "status": "skipped", "reason": "",
     }
+
+
+def input_digest(exact: dict[str, torch.Tensor], kwargs: dict[str, Any]) -> str:
+    """16 hex digits over the case's exact inputs (names, dtypes, shapes, values) and kwargs:
+    a golden row whose digest differs saw other inputs, which is not a regression."""
+    h = hashlib.sha256()
+    for name in sorted(exact):
+        t = exact[name].detach().to("cpu").contiguous()
+        h.update(f"{name}:{t.dtype}:{tuple(t.shape)}".encode())
+        h.update(t.numpy().tobytes())
+    for name in sorted(kwargs):
+        v = kwargs[name]
+        if isinstance(v, torch.Tensor):
+            t = v.detach().to("cpu").contiguous()
+            h.update(f"{name}:{t.dtype}:{tuple(t.shape)}".encode())
+            h.update(t.numpy().tobytes())
+        else:
+            h.update(f"{name}={v!r}".encode())
+    return h.hexdigest()[:16]
 
 
 def _stat_columns(prefix: str, s: ErrorStats | None) -> dict[str, Any]:
@@ -181,6 +202,7 @@ def run_case(spec: OpSpec, kern: Kernel, case: Case, device: str, *,
     # Non-float tensors (masks, class targets) ride in kwargs unrounded: the reference gets them
     # on the CPU, kernel and baseline on the device.
     dkw = {k: v.to(device) if isinstance(v, torch.Tensor) else v for k, v in kwargs.items()}
+    rec["input_digest"] = input_digest(exact, kwargs)
     grads = () if kern.forward_only else tuple(
         a for a in spec.grad_args if a not in (spec.skip_grads(case) if spec.skip_grads else ()))
     allowed = spec_out_dtypes(spec, case)
@@ -252,13 +274,15 @@ def run_case(spec: OpSpec, kern: Kernel, case: Case, device: str, *,
                     reduction_len=spec.reduction_len(case) if spec.reduction_len else 0)
     rec.update(_stat_columns("kernel", ks))
     rec.update(_stat_columns("baseline", bs))
+    rec.update(_verdict_inputs(spec, case, out_fmt, grad=False))
     rec["bound_ratio"] = ratio if ratio is not None else math.nan
     rec["baseline_bound_ratio"] = bratio if bratio is not None else math.nan
     records.append(_finish(rec, verdict, out, ref, scale, kern, case, device))
 
     for i, name in enumerate(grads):
         grec = dict(_base_record(spec, kern, case, device), output=f"grad_{name}",
-                    repro=rec["repro"], numerics=rec["numerics"])
+                    repro=rec["repro"], numerics=rec["numerics"],
+                    input_digest=rec["input_digest"])
         kg, bg, rg = kgrads[i], bgrads[i], rgrads[i]
         if rg is None:
             continue
@@ -277,12 +301,21 @@ def run_case(spec: OpSpec, kern: Kernel, case: Case, device: str, *,
         gv = judge(spec.policy, gks, gbs, what=f"grad_{name}", compute=case.dtype, grad=True)
         grec.update(_stat_columns("kernel", gks))
         grec.update(_stat_columns("baseline", gbs))
+        grec.update(_verdict_inputs(spec, case, gks.fmt, grad=True))
         grec["bound_ratio"] = grec["baseline_bound_ratio"] = math.nan
         records.append(_finish(grec, gv, kg, rg, None, kern, case, device))
 
     if save_dir is not None and any(r["status"] != "passed" for r in records):
         _save_inputs(Path(save_dir), spec, kern, case, exact, kwargs, records)
     return records
+
+
+def _verdict_inputs(spec: OpSpec, case: Case, out_fmt: str, grad: bool) -> dict[str, Any]:
+    """What the golden regression needs from the verdict: its unit roundoff (the coarser of
+    the output's and the compute format's, as ``judge``) and which per-op rules bind."""
+    u = max(formats.get(out_fmt).unit_roundoff, formats.get(case.dtype).unit_roundoff)
+    return {"u": u, "gate_ulp": spec.policy.max_ulp is not None and not grad,
+            "gate_bias": spec.policy.truncation_ulp is not None and not grad}
 
 
 def spec_out_dtypes(spec: OpSpec, case: Case) -> tuple[torch.dtype, ...]:
@@ -341,7 +374,4 @@ def verify(op: str, fn, *, kernel_name: str | None = None, cases: str = "quick",
     records: list[dict] = []
     for case in grid:
         records.extend(run_case(spec, kern, case, device, save_dir=save_failures))
-    dc = environment.device_class(device)
-    for r in records:
-        r["device_class"] = dc
     return Verification(op, kern.name, device, cases, records)

@@ -1,6 +1,7 @@
 """Built-in op suite: every op x built-in kernel x case of the case set (--numcheck-cases).
 
-Each item runs one case against the FP64 reference and the same-precision baseline; compiled
+Each item runs one case against the FP64 reference and the same-precision baseline, and its
+records against the goldens in golden/<device_class>/ops.parquet; compiled
 kernels share one xdist group (run with --dist loadgroup) so generated code does not depend on
 which worker ran which test first.
 """
@@ -8,8 +9,8 @@ from __future__ import annotations
 
 import pytest
 
-from numcheck.plugin import case_set, suite_device
-from numcheck.suite import case_param_id, check_case, suite_cases
+from numcheck.plugin import case_set
+from numcheck.suite import case_param_id, suite_cases
 
 
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
@@ -22,5 +23,5 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
 
 
 @pytest.mark.filterwarnings("ignore:Mismatch dtype")
-def test_op_case(op_case, request, record_property):
-    check_case(op_case, suite_device(request.config), record_property)
+def test_op_case(op_case, numcheck):
+    numcheck.check_case(op_case)

@@ -1,0 +1,295 @@
+"""Parquet goldens: one schema for every suite, atomic writes, and the regression rules.
+
+Layout: ``<golden_dir>/<device_class>/<suite>.parquet`` (device_class ``cpu`` or ``cuda-smXY``),
+each with a sorted text summary ``<suite>.txt`` beside it for web diffs that ignore textconv.
+A row is keyed by (suite, op, kernel, case_id, output, device_class): ``output`` names which
+result of the case the row holds (``out``, ``grad_x``; ``loss`` for convergence curves).
+
+Rows hold the rounded kernel_* and baseline_* ErrorStats columns, the verdict inputs (the unit
+roundoff the verdict used and which rules apply to the op), the input digest, and for curves
+``series`` / ``series_band``. File metadata holds the schema version and the provenance
+(numcheck, torch, CUDA/cuBLAS, device, ISA, date). Stats are stored rounded (0.01 dB, 4
+significant digits) so that a rerun on the same machine rewrites nothing: ``write`` compares
+rows, not bytes or dates, and leaves an unchanged file alone.
+
+Reading checks the file: not parquet, truncated, foreign (no numcheck schema) or written by a
+newer numcheck -> ``GoldenError`` (exit 2) naming the file and the remedy; nothing is ever
+overwritten silently.
+"""
+from __future__ import annotations
+
+import json
+import math
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Iterable
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from .errors import UsageError
+
+SCHEMA_VERSION = 1
+KEY = ("suite", "op", "kernel", "case_id", "output", "device_class")
+STATS = ("n", "n_compared", "n_nan", "n_inf", "nonfinite_mismatch", "max_abs", "mean_abs",
+         "rel_l2", "sqnr_db", "cosine", "bias", "max_ulp", "mean_ulp", "p99_ulp", "bias_ulp",
+         "mag_bias_ulp", "min_block_sqnr_db", "worst_block", "n_blocks")
+_INT_STATS = {"n", "n_compared", "n_nan", "n_inf", "nonfinite_mismatch", "max_ulp", "p99_ulp",
+              "worst_block", "n_blocks"}
+_DB_STATS = {"sqnr_db", "min_block_sqnr_db"}
+_ULP_STATS = {"mean_ulp", "bias_ulp", "mag_bias_ulp"}
+
+
+def _schema() -> pa.Schema:
+    cols: list[tuple[str, pa.DataType]] = [(k, pa.string()) for k in KEY]
+    cols += [("case_set", pa.string()), ("dtype", pa.string()), ("shape", pa.string()),
+             ("dist", pa.string()), ("seed", pa.int64()), ("params", pa.string()),
+             ("status", pa.string()), ("input_digest", pa.string()),
+             # verdict inputs: the unit roundoff the verdict used, which rules bind the op
+             ("u", pa.float64()), ("gate_ulp", pa.bool_()), ("gate_bias", pa.bool_()),
+             ("bound_ratio", pa.float64()), ("baseline_bound_ratio", pa.float64())]
+    for side in ("kernel", "baseline"):
+        cols += [(f"{side}_fmt", pa.string())]
+        cols += [(f"{side}_{s}", pa.int64() if s in _INT_STATS else pa.float64()) for s in STATS]
+    cols += [("series", pa.list_(pa.float64())), ("series_band", pa.list_(pa.float64())),
+             ("metrics", pa.string())]  # suite-specific scalars as sorted JSON
+    return pa.schema(cols)
+
+
+SCHEMA = _schema()
+COLUMNS = tuple(SCHEMA.names)
+# Results files carry the golden columns plus the run's diagnostics and golden verdicts.
+RESULT_EXTRA = ("reason", "golden", "golden_reason", "repro", "worst_elements", "numerics",
+                "device")
+
+
+class GoldenError(UsageError):
+    """A golden or results file that cannot be used as it is (exit 2): names file and remedy."""
+
+
+def _round_sig(x: float, digits: int = 4) -> float:
+    if x is None or not math.isfinite(x) or x == 0:
+        return x
+    return float(f"{x:.{digits - 1}e}")
+
+
+def _clean(name: str, v: Any) -> Any:
+    """One stat, rounded as stored: 0.01 dB, 0.001 ULP, 4 significant digits otherwise."""
+    if v is None:
+        return None
+    stat = name.split("_", 1)[1] if name.startswith(("kernel_", "baseline_")) else name
+    if stat in _INT_STATS:
+        return int(v)
+    v = float(v)
+    if not math.isfinite(v):
+        return v
+    if stat in _DB_STATS:
+        return round(v, 2)
+    if stat in _ULP_STATS:
+        return round(v, 3)
+    return _round_sig(v)
+
+
+def to_row(record: dict, suite: str | None = None) -> dict[str, Any]:
+    """A run record as a golden row (schema columns only, stats rounded)."""
+    row: dict[str, Any] = {}
+    for name in COLUMNS:
+        v = record.get(name)
+        if name == "suite" and suite is not None:
+            v = suite
+        if name.startswith(("kernel_", "baseline_")) and not name.endswith("_fmt") or \
+                name in ("bound_ratio", "baseline_bound_ratio"):
+            v = _clean(name, v)
+        elif name == "u":  # a power of two: exact as it is
+            v = None if v is None else float(v)
+        elif name in ("series", "series_band"):
+            v = None if v is None else [float(x) for x in v]
+        elif name == "metrics":
+            v = None if not v else json.dumps({k: _clean(k, x) for k, x in sorted(v.items())},
+                                              sort_keys=True, allow_nan=True)
+        elif name == "seed":
+            v = None if v is None else int(v)
+        elif name in ("gate_ulp", "gate_bias"):
+            v = bool(v)
+        elif v is not None:
+            v = str(v)
+        row[name] = v
+    return row
+
+
+def key_of(row: dict) -> tuple:
+    return tuple(row.get(k) for k in KEY)
+
+
+def _sort_key(row: dict) -> tuple:
+    return tuple("" if row.get(k) is None else str(row[k]) for k in KEY)
+
+
+# --- files --------------------------------------------------------------------------------------
+
+def path_for(golden_dir: str | Path, device_class: str, suite: str) -> Path:
+    return Path(golden_dir) / device_class / f"{suite}.parquet"
+
+
+@dataclass
+class GoldenFile:
+    path: Path
+    rows: dict[tuple, dict] = field(default_factory=dict)
+    provenance: dict[str, str] = field(default_factory=dict)
+    exists: bool = False
+
+
+def _remedy(path: Path) -> str:
+    return (f"restore it from version control (git checkout -- {path}) or delete it and "
+            f"rerun with --numcheck-refresh to record it again")
+
+
+def read(path: str | Path, *, results: bool = False) -> GoldenFile:
+    """Load a golden (or results) file; a missing file is an empty GoldenFile."""
+    path = Path(path)
+    if not path.exists():
+        return GoldenFile(path)
+    try:
+        table = pq.read_table(path)
+    except Exception as e:  # ArrowInvalid, OSError: truncated, corrupt or not parquet at all
+        raise GoldenError(f"{path}: not a readable parquet file ({type(e).__name__}: {e}); "
+                          f"{_remedy(path)}") from e
+    meta = table.schema.metadata or {}
+    version = meta.get(b"numcheck.schema_version")
+    if version is None:
+        raise GoldenError(f"{path}: not a numcheck golden (no numcheck.schema_version in its "
+                          f"metadata); move it out of the golden folder or {_remedy(path)}")
+    if int(version) > SCHEMA_VERSION:
+        raise GoldenError(f"{path}: written with golden schema {int(version)} by a newer "
+                          f"numcheck; this numcheck reads schema {SCHEMA_VERSION}: upgrade "
+                          f"numcheck (pip install -U numcheck)")
+    missing = [c for c in COLUMNS if c not in table.column_names]
+    if missing:
+        raise GoldenError(f"{path}: missing golden columns {missing[:5]}; {_remedy(path)}")
+    prov = json.loads(meta.get(b"numcheck.provenance", b"{}"))
+    rows = {}
+    for row in table.to_pylist():
+        rows[key_of(row)] = row if results else {c: row[c] for c in COLUMNS}
+    return GoldenFile(path, rows, prov, True)
+
+
+# Test-only hook: NUMCHECK_TEST_KILL_AT=<point> makes this process SIGKILL itself at that point
+# of a write (tests/test_golden_store.py proves a refresh killed mid-write leaves the old golden).
+_KILL_ENV = "NUMCHECK_TEST_KILL_AT"
+
+
+def _test_kill(point: str) -> None:
+    if os.environ.get(_KILL_ENV) == point:
+        import signal
+        os.kill(os.getpid(), signal.SIGKILL)
+
+
+def _table(rows: Iterable[dict], provenance: dict, schema: pa.Schema) -> pa.Table:
+    ordered = sorted(rows, key=_sort_key)
+    meta = {b"numcheck.schema_version": str(SCHEMA_VERSION).encode(),
+            b"numcheck.provenance": json.dumps(provenance, sort_keys=True).encode()}
+    return pa.Table.from_pylist(ordered, schema=schema.with_metadata(meta))
+
+
+def _same(a: dict, b: dict) -> bool:
+    """Rows equal as stored (NaN equals NaN: a NaN stat is a value, not a change)."""
+    for c in a.keys() | b.keys():
+        x, y = a.get(c), b.get(c)
+        if isinstance(x, float) and isinstance(y, float) and math.isnan(x) and math.isnan(y):
+            continue
+        if x != y:
+            return False
+    return True
+
+
+def atomic_write(path: Path, table: pa.Table, text: str | None = None) -> None:
+    """Write aside, fsync, rename (and the text summary the same way, after the parquet)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    try:
+        with open(tmp, "wb") as f:
+            pq.write_table(table, f, compression="zstd")
+            f.flush()
+            _test_kill("parquet-written")
+            os.fsync(f.fileno())
+        _test_kill("before-rename")
+        os.replace(tmp, path)
+    finally:
+        if tmp.exists():
+            tmp.unlink()
+    if text is not None:
+        ttmp = path.with_name(f".{path.stem}.txt.{os.getpid()}.tmp")
+        ttmp.write_text(text)
+        os.replace(ttmp, path.with_suffix(".txt"))
+    dfd = os.open(path.parent, os.O_RDONLY)
+    try:
+        os.fsync(dfd)
+    finally:
+        os.close(dfd)
+
+
+def write(gf: GoldenFile, rows: dict[tuple, dict], provenance: dict) -> bool:
+    """Replace the file's rows by ``rows``; returns False (and writes nothing) when the rows
+    are the same as stored."""
+    if gf.exists and gf.rows.keys() == rows.keys() and \
+            all(_same(gf.rows[k], rows[k]) for k in rows):
+        return False
+    atomic_write(gf.path, _table(rows.values(), provenance, SCHEMA), summary_text(rows.values()))
+    gf.rows, gf.provenance, gf.exists = dict(rows), dict(provenance), True
+    return True
+
+
+def write_results(path: str | Path, records: list[dict], provenance: dict) -> Path:
+    """All records of a run (golden columns + reason, golden verdict, repro...) to parquet."""
+    path = Path(path)
+    schema = SCHEMA
+    for name in RESULT_EXTRA:
+        if name not in schema.names:
+            schema = schema.append(pa.field(name, pa.string()))
+    rows = []
+    for r in records:
+        row = to_row(r)
+        for name in RESULT_EXTRA:
+            v = r.get(name)
+            row[name] = None if v is None else str(v)
+        rows.append(row)
+    atomic_write(path, _table(rows, provenance, schema))
+    return path
+
+
+# --- text ---------------------------------------------------------------------------------------
+
+_TEXT_STATS = ("status", "kernel_rel_l2", "kernel_sqnr_db", "kernel_min_block_sqnr_db",
+               "kernel_max_ulp", "kernel_mag_bias_ulp", "baseline_rel_l2", "input_digest")
+
+
+def _fmt(v: Any) -> str:
+    if isinstance(v, float):
+        return f"{v:.4g}"
+    if isinstance(v, list):
+        return f"[{len(v)} values, last {v[-1]:.4g}]" if v else "[]"
+    return str(v)
+
+
+def summary_text(rows: Iterable[dict]) -> str:
+    """One sorted line per row: key, then the metrics a reviewer reads (git-diff friendly)."""
+    lines = []
+    for row in sorted(rows, key=_sort_key):
+        key = "/".join(str(row.get(k)) for k in KEY[1:5])
+        vals = " ".join(f"{s.replace('kernel_', 'k.').replace('baseline_', 'b.')}={_fmt(row.get(s))}"
+                        for s in _TEXT_STATS if row.get(s) is not None)
+        if row.get("series"):
+            vals += f" series={_fmt(row['series'])}"
+        lines.append(f"{key} {vals}")
+    return "\n".join(lines) + "\n"
+
+
+def show(path: str | Path) -> str:
+    """The readable text of a golden or results file (``numcheck show``, git textconv)."""
+    gf = read(path, results=True)
+    head = [f"# {gf.path}: {len(gf.rows)} rows, schema {SCHEMA_VERSION}",
+            "# provenance: " + ", ".join(f"{k}={v}" for k, v in sorted(gf.provenance.items())
+                                          if k in ("numcheck", "torch", "cuda", "device_class",
+                                                   "device_name", "cpu_isa", "date"))]
+    return "\n".join(head) + "\n" + summary_text(gf.rows.values())

@@ -1,0 +1,177 @@
+"""Golden regression (DESIGN rule 7): a current row against its stored golden row.
+
+The absolute and baseline rules (``policy``) stand on their own; this gate adds "no worse than
+last time". Slack is measured in units of rounding noise, never as a fixed percentage of the
+golden: a benign rewrite of a kernel (another fp32 summation order, a blocked GEMM, an online
+softmax, Welford) changes the rounding pattern, so its error moves by a fraction of the
+baseline's error and by the sampling spread of an RMS over n elements, while a lost quarter or
+half bit grows the error by 19% or 41% of itself. Calibration: docs/golden-slack-calibration.md
+(bench/calibrate_golden_slack.py).
+
+    error metric (rel_l2 == SQNR, one statistic; the worst block the same way):
+        regressed when  new > old + max(S_E * E, Z * old / sqrt(2 n), F * u)
+        E = max(old kernel error, old baseline error): the baseline's error is the yardstick
+    non-finite: any NaN/inf beyond the golden's, or a new class mismatch
+    max ULP (ops whose policy gates ULPs): may grow by at most ULP_SLACK
+    |mean ULP toward larger magnitude| (ops gated for truncation): BIAS_SLACK + spread
+    curves (rows with a series): a smoothed window outside the golden's band
+
+Changed inputs (digest differs) are reported as such, never as a regression or improvement.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+# Calibrated on benign rewrites (docs/golden-slack-calibration.md): the largest benign excess
+# measured was well under these; a lost half bit (error x 1.41) exceeds S_E whenever the
+# kernel's error is at least S_E / 0.41 of the baseline's.
+S_E = 0.25
+# Sampling spread of an RMS over n roughly independent errors is rms / sqrt(2 n); 4 sigma.
+Z = 4.0
+# Exact or nearly exact ops: growth below a hundredth of the unit roundoff is not a change.
+F = 0.01
+# One extra rounding step moves a max ULP by one (the same allowance as policy.FLOOR_U).
+ULP_SLACK = 1
+# Truncation shifts the mean ULP toward larger magnitude by -0.5; RNE noise averages
+# 0.29 / sqrt(n) per element (uniform error in [-1/2, 1/2] ulp): 0.1 plus 4 sigma of that.
+BIAS_SLACK = 0.1
+BIAS_SIGMA = 0.29
+
+
+@dataclass
+class Change:
+    """The golden verdict of one row: ``kind`` is same | improved | regressed | new |
+    inputs_changed | missing (strict run, no golden) and ``messages`` say why."""
+
+    key: tuple
+    kind: str
+    messages: list[str] = field(default_factory=list)
+    old: dict | None = None
+    new: dict | None = None
+
+    @property
+    def regressed(self) -> bool:
+        return self.kind == "regressed"
+
+    def metrics_line(self) -> str:
+        """old -> new for the key metrics (what refresh prints)."""
+        parts = []
+        for col, label in (("kernel_sqnr_db", "SQNR dB"), ("kernel_min_block_sqnr_db",
+                                                          "worst block dB"),
+                           ("kernel_max_ulp", "max ULP"), ("kernel_rel_l2", "rel_l2")):
+            a = None if self.old is None else self.old.get(col)
+            b = None if self.new is None else self.new.get(col)
+            if a != b and not (_nan(a) and _nan(b)):
+                parts.append(f"{label} {_fmt(a)} -> {_fmt(b)}")
+        if self.new and self.old and self.new.get("status") != self.old.get("status"):
+            parts.append(f"status {self.old.get('status')} -> {self.new.get('status')}")
+        return ", ".join(parts) or "no metric changed"
+
+
+def _nan(x) -> bool:
+    return isinstance(x, float) and math.isnan(x)
+
+
+def _fmt(x) -> str:
+    return "-" if x is None else f"{x:.4g}" if isinstance(x, float) else str(x)
+
+
+def _block_rel(db: float | None) -> float:
+    if db is None or _nan(db):
+        return math.nan
+    return 0.0 if db == math.inf else 10.0 ** (-db / 20.0)
+
+
+def error_slack(old: float, yardstick: float, n: int, u: float) -> float:
+    """Allowed growth of an error metric (rel_l2 or a block's rel) over its golden value."""
+    spread = Z * old / math.sqrt(2 * max(n, 1))
+    return max(S_E * yardstick, spread, F * (u or 0.0))
+
+
+def _nonfinite(row: dict) -> tuple[int, int]:
+    return ((row.get("kernel_n_nan") or 0) + (row.get("kernel_n_inf") or 0),
+            row.get("kernel_nonfinite_mismatch") or 0)
+
+
+def compare_row(old: dict | None, new: dict) -> Change:
+    """The golden verdict of ``new`` (a golden-schema row) against ``old`` (None: no golden)."""
+    from . import golden
+
+    key = golden.key_of(new)
+    if old is None:
+        return Change(key, "new", ["no golden row for this case"], None, new)
+    if old.get("input_digest") and new.get("input_digest") and \
+            old["input_digest"] != new["input_digest"]:
+        return Change(key, "inputs_changed", [
+            f"input digest {old['input_digest']} -> {new['input_digest']}: the case's inputs "
+            "changed (generator, distribution or op input builder); refresh the golden"], old, new)
+    worse: list[str] = []
+    better: list[str] = []
+    if new.get("series") is not None and old.get("series") is not None:
+        from .convergence.gate import window_regression
+        worse += window_regression(new["series"], old["series"], old.get("series_band") or [])
+    if new.get("status") == "error" and old.get("status") != "error":
+        worse.append(f"the kernel now fails to run ({old.get('status')} -> error)")
+    if new.get("kernel_n") is None or old.get("kernel_n") is None:
+        if old.get("status") == "error" and new.get("status") not in (None, "error"):
+            better.append("the kernel runs again (error -> " + str(new.get("status")) + ")")
+        return _verdict(key, worse, better, old, new)
+
+    (o_nf, o_mm), (n_nf, n_mm) = _nonfinite(old), _nonfinite(new)
+    if n_nf > o_nf or n_mm > o_mm:
+        worse.append(f"non-finite: {n_nf} NaN/inf ({n_mm} unlike the reference), golden "
+                     f"{o_nf} ({o_mm})")
+    elif n_nf < o_nf or n_mm < o_mm:
+        better.append(f"non-finite: {o_nf} -> {n_nf}")
+
+    u = old.get("u") or 0.0
+    n = int(old.get("kernel_n_compared") or old.get("kernel_n") or 1)
+    o_rel, n_rel = old.get("kernel_rel_l2"), new.get("kernel_rel_l2")
+    yard = max(o_rel or 0.0, old.get("baseline_rel_l2") or 0.0)
+    if o_rel is not None and n_rel is not None and math.isfinite(o_rel):
+        slack = error_slack(o_rel, yard, n, u)
+        if not n_rel <= o_rel + slack:  # NaN is worse
+            worse.append(f"rel_l2 {o_rel:.4g} -> {n_rel:.4g} (SQNR {old.get('kernel_sqnr_db')} "
+                         f"-> {new.get('kernel_sqnr_db')} dB; slack {slack:.2g})")
+        elif n_rel < o_rel - slack:
+            better.append(f"rel_l2 {o_rel:.4g} -> {n_rel:.4g} (beyond slack {slack:.2g})")
+
+    nb = max(1, n // max(1, int(old.get("kernel_n_blocks") or 1)))
+    o_b, n_b = (_block_rel(old.get("kernel_min_block_sqnr_db")),
+                _block_rel(new.get("kernel_min_block_sqnr_db")))
+    b_yard = max(o_b, _block_rel(old.get("baseline_min_block_sqnr_db")))
+    if math.isfinite(o_b) and not _nan(b_yard):
+        slack = error_slack(o_b, b_yard, nb, u)
+        if not n_b <= o_b + slack:
+            worse.append(f"worst block SQNR {old.get('kernel_min_block_sqnr_db')} -> "
+                         f"{new.get('kernel_min_block_sqnr_db')} dB (rel {o_b:.3g} -> "
+                         f"{n_b:.3g}, slack {slack:.2g})")
+        elif n_b < o_b - slack:
+            better.append(f"worst block SQNR {old.get('kernel_min_block_sqnr_db')} -> "
+                          f"{new.get('kernel_min_block_sqnr_db')} dB")
+
+    if old.get("gate_ulp") and old.get("kernel_max_ulp") is not None:
+        o_u, n_u = old["kernel_max_ulp"], new.get("kernel_max_ulp")
+        if n_u is None or n_u > o_u + ULP_SLACK:
+            worse.append(f"max ULP {o_u} -> {n_u} (slack {ULP_SLACK})")
+        elif n_u < o_u - ULP_SLACK:
+            better.append(f"max ULP {o_u} -> {n_u}")
+    if old.get("gate_bias") and old.get("kernel_mag_bias_ulp") is not None:
+        o_m, n_m = abs(old["kernel_mag_bias_ulp"]), abs(new.get("kernel_mag_bias_ulp") or 0.0)
+        slack = BIAS_SLACK + 4 * BIAS_SIGMA / math.sqrt(n)
+        if n_m > o_m + slack or _nan(new.get("kernel_mag_bias_ulp")):
+            worse.append(f"|mean ULP toward larger magnitude| {o_m:.3f} -> {n_m:.3f} "
+                         f"(slack {slack:.3f}; truncation gives 0.5)")
+
+    if old.get("status") == "passed" and new.get("status") in ("failed", "error"):
+        worse.append(f"absolute rules: passed -> {new.get('status')}")
+    return _verdict(key, worse, better, old, new)
+
+
+def _verdict(key, worse, better, old, new) -> Change:
+    if worse:
+        return Change(key, "regressed", worse, old, new)
+    if better:
+        return Change(key, "improved", better, old, new)
+    return Change(key, "same", [], old, new)

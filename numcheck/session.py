@@ -1,0 +1,175 @@
+"""A run's golden bookkeeping: judge records against the goldens, then refresh or report.
+
+Two halves, so that pytest-xdist workers never read-modify-write a shared file:
+
+* ``GoldenSession.judge(records)`` runs wherever a case ran (an xdist worker): it only reads
+  golden files (cached per file) and stamps each record with its golden verdict
+  (``golden``: same | improved | regressed | new | missing | inputs_changed, ``golden_reason``).
+* ``GoldenSession.finish(records)`` runs once, in the process that saw every record (the
+  controller): it merges what ran into the golden files (refresh modes only), writes each file
+  atomically and only when its rows changed, and reports changes, refusals and unused rows.
+
+Modes: ``check`` (compare; a case without golden is "new" and passes), ``strict`` (CI: a case
+without golden fails as "missing"; nothing is written), ``refresh`` (rewrite the rows of the
+cases that ran), ``refresh-new`` (add rows for cases without one, keep the others).
+"""
+from __future__ import annotations
+
+import math
+from collections import defaultdict
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from . import golden
+from .errors import UsageError
+from .regression import Change, compare_row
+
+MODES = ("check", "strict", "refresh", "refresh-new")
+# Golden verdicts that fail a test (in refresh modes nothing golden-related fails).
+FAILING = {"check": {"regressed"}, "strict": {"regressed", "missing", "inputs_changed"},
+           "refresh": set(), "refresh-new": set()}
+
+
+def goldenable(record: dict) -> bool:
+    """Records that carry a golden row: a suite name and something measured."""
+    return bool(record.get("suite")) and record.get("status") in ("passed", "failed", "known") \
+        and (record.get("kernel_n") is not None or record.get("series") is not None)
+
+
+@dataclass
+class FinishReport:
+    written: list[Path] = field(default_factory=list)
+    unchanged: list[Path] = field(default_factory=list)
+    changes: list[Change] = field(default_factory=list)  # refreshed rows that differ
+    refused: list[str] = field(default_factory=list)
+    unused: dict[Path, list[tuple]] = field(default_factory=dict)
+    pruned: int = 0
+    isa_notes: list[str] = field(default_factory=list)
+
+    def lines(self) -> list[str]:
+        out = [f"{c.kind:>14} {'/'.join(map(str, c.key[1:5]))}: {c.metrics_line()}"
+               for c in self.changes]
+        out += [f"       refused {r}" for r in self.refused]
+        for p, keys in self.unused.items():
+            out.append(f"{len(keys)} golden row(s) in {p} belong to no case of this run's case "
+                       f"set (cases that no longer exist?); remove them with --numcheck-prune")
+            out += [f"        unused {'/'.join(map(str, k[1:5]))}" for k in keys[:5]]
+        if self.pruned:
+            out.append(f"pruned {self.pruned} unused golden row(s)")
+        out += [f"wrote {p}" for p in self.written]
+        out += self.isa_notes
+        return out
+
+
+class GoldenSession:
+    def __init__(self, golden_dir: str | Path, mode: str = "check", *,
+                 allow_nonfinite: bool = False, prune: bool = False,
+                 case_set: str = "quick") -> None:
+        if mode not in MODES:
+            raise UsageError(f"golden mode {mode!r}: use one of {', '.join(MODES)}")
+        self.dir = Path(golden_dir)
+        self.mode = mode
+        self.allow_nonfinite = allow_nonfinite
+        self.prune = prune
+        self.case_set = case_set
+        self._files: dict[Path, golden.GoldenFile] = {}
+
+    def file(self, device_class: str, suite: str) -> golden.GoldenFile:
+        path = golden.path_for(self.dir, device_class, suite)
+        if path not in self._files:
+            self._files[path] = golden.read(path)  # GoldenError (exit 2) on a bad file
+        return self._files[path]
+
+    def judge(self, records: list[dict]) -> list[Change]:
+        """Stamp each goldenable record with its golden verdict; returns the changes."""
+        changes = []
+        for r in records:
+            if not goldenable(r):
+                continue
+            r.setdefault("case_set", self.case_set)
+            row = golden.to_row(r)
+            gf = self.file(row["device_class"], row["suite"])
+            ch = compare_row(gf.rows.get(golden.key_of(row)), row)
+            if ch.kind == "new" and self.mode == "strict":
+                ch.kind = "missing"
+                ch.messages = [f"no golden row in {gf.path} (strict: missing goldens fail; "
+                               f"record them with --numcheck-refresh-new-only and commit)"]
+            r["golden"], r["golden_reason"] = ch.kind, "; ".join(ch.messages)
+            changes.append(ch)
+        return changes
+
+    def failing(self, record: dict) -> bool:
+        return record.get("golden") in FAILING[self.mode]
+
+    def finish(self, records: list[dict], provenance: dict[str, str]) -> FinishReport:
+        """Merge what ran into the goldens (refresh modes, prune) and report."""
+        rep = FinishReport()
+        by_file: dict[Path, dict[tuple, dict]] = defaultdict(dict)
+        ran_pairs: dict[Path, set] = defaultdict(set)
+        for r in records:
+            if not r.get("suite") or r.get("status") == "skipped":
+                continue
+            r.setdefault("case_set", self.case_set)
+            row = golden.to_row(r)
+            path = golden.path_for(self.dir, row["device_class"], row["suite"])
+            ran_pairs[path].add((row["op"], row["kernel"]))
+            if goldenable(r):
+                by_file[path][golden.key_of(row)] = row
+        for path in sorted(set(by_file) | set(ran_pairs)):
+            dc, suite = path.parent.name, path.stem
+            gf = self.file(dc, suite)
+            ran = by_file.get(path, {})
+            unused = sorted(k for k, row in gf.rows.items()
+                            if k not in ran and (row["op"], row["kernel"]) in ran_pairs[path]
+                            and row.get("case_set") in (None, self.case_set))
+            if unused:
+                rep.unused[path] = unused
+            if gf.exists and gf.provenance.get("cpu_isa") and \
+                    gf.provenance.get("cpu_isa") != provenance.get("cpu_isa"):
+                rep.isa_notes.append(f"{path}: golden recorded on ISA "
+                                     f"{gf.provenance['cpu_isa']}, this run on "
+                                     f"{provenance.get('cpu_isa')} (the slack absorbs "
+                                     f"rounding differences; see docs/goldens.md)")
+            if self.mode == "strict":
+                continue
+            rows = dict(gf.rows)
+            touched = False
+            if self.mode in ("refresh", "refresh-new"):
+                for k, row in ran.items():
+                    old = gf.rows.get(k)
+                    if self.mode == "refresh-new" and old is not None:
+                        continue
+                    bad = _new_nonfinite(row, old)
+                    if bad and not self.allow_nonfinite:
+                        rep.refused.append(f"{'/'.join(map(str, k[1:5]))}: {bad}; the golden "
+                                           f"keeps its old row (allow with "
+                                           f"--numcheck-refresh-allow-nonfinite)")
+                        continue
+                    rows[k] = row
+                    touched = True
+                    ch = compare_row(old, row)
+                    if old is None or not golden._same(old, row):
+                        rep.changes.append(ch)
+            if self.prune and unused:
+                for k in unused:
+                    rows.pop(k, None)
+                rep.pruned += len(unused)
+                rep.unused.pop(path, None)
+                touched = True
+            if touched:
+                (rep.written if golden.write(gf, rows, provenance) else rep.unchanged).append(path)
+        return rep
+
+
+def _new_nonfinite(row: dict, old: dict | None) -> str:
+    """Why a row must not be baked into a golden: a NaN/inf the reference does not have."""
+    mm = row.get("kernel_nonfinite_mismatch") or 0
+    if mm and (old is None or mm > (old.get("kernel_nonfinite_mismatch") or 0)):
+        return f"{mm} element(s) non-finite where the FP64 reference is not (or the reverse)"
+    for col in ("kernel_rel_l2", "kernel_sqnr_db"):
+        v = row.get(col)
+        if isinstance(v, float) and math.isnan(v):
+            return f"{col} is NaN"
+    if row.get("series") is not None and any(not math.isfinite(x) for x in row["series"]):
+        return "the curve holds NaN/inf"
+    return ""

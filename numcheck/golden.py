@@ -168,9 +168,14 @@ def read(path: str | Path, *, results: bool = False) -> GoldenFile:
     if missing:
         raise GoldenError(f"{path}: missing golden columns {missing[:5]}; {_remedy(path)}")
     prov = json.loads(meta.get(b"numcheck.provenance", b"{}"))
+    if not results:
+        table = table.select(list(COLUMNS))
+    cols = table.to_pydict()  # column-wise conversion: several times faster than to_pylist
+    names = list(cols)
     rows = {}
-    for row in table.to_pylist():
-        rows[key_of(row)] = row if results else {c: row[c] for c in COLUMNS}
+    for values in zip(*cols.values()):
+        row = dict(zip(names, values))
+        rows[key_of(row)] = row
     return GoldenFile(path, rows, prov, True)
 
 

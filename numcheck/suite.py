@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 import math
 
-from .ops import OPS, Case, Kernel, OpSpec, _load_builtins, kernels
+from .ops import OPS, Case, Kernel, OpSpec, _load_builtins, family, kernels
 from .run import run_case
 
 # Fields a suite attaches to each pytest report (kept small: JUnit XML carries them too).
@@ -17,12 +17,16 @@ _SLIM = ("op", "kernel", "case_id", "output", "status", "reason", "golden", "ker
          "baseline_sqnr_db", "kernel_max_ulp", "kernel_min_block_sqnr_db", "bound_ratio")
 
 
-def suite_cases(cases: str, ops: list[str] | None = None) -> list[tuple[OpSpec, Kernel, Case]]:
-    """Every (op, built-in kernel, case) of the case set, in a stable order."""
+def suite_cases(cases: str, ops: list[str] | None = None,
+                suite: str = "ops") -> list[tuple[OpSpec, Kernel, Case]]:
+    """Every (op, built-in kernel, case) of the case set, in a stable order; ``suite`` picks
+    the built-in ops of that family ("ops" or "quant")."""
     _load_builtins()
     out = []
     for name in sorted(ops or OPS):
         spec = OPS[name]
+        if ops is None and family(spec) != suite:
+            continue
         for kname in sorted(kernels(name)):
             for case in spec.grid(cases):
                 out.append((spec, kernels(name)[kname], case))

@@ -112,6 +112,9 @@ def _load_builtins() -> None:
         except ModuleNotFoundError as e:
             if e.name != f"{__name__}.{fam}":
                 raise
+    # The quantization paths are ops too (fp8_qdq, mx_qdq, ..., scaled_matmul), so a user's
+    # quantizer is verified like any kernel; their suite is suites/test_quant.py.
+    importlib.import_module("numcheck.quant")
 
 
 def register_op(spec: OpSpec) -> OpSpec:
@@ -190,4 +193,14 @@ def op(name: str, *, reference, inputs, baseline, policy: Policy | None = None,
 
 def _builtin_names() -> set[str]:
     _load_builtins()
-    return {n for n, s in OPS.items() if s.make_inputs.__module__.startswith(__name__)}
+    return {n for n, s in OPS.items() if family(s) is not None}
+
+
+def family(spec: OpSpec) -> str | None:
+    """"ops" or "quant" for built-in ops (their suite's name), None for users' ops."""
+    mod = spec.make_inputs.__module__
+    if mod.startswith(__name__):
+        return "ops"
+    if mod.startswith("numcheck.quant"):
+        return "quant"
+    return None

@@ -12,24 +12,7 @@ from numcheck import golden
 from numcheck.cli import main
 from numcheck.golden import GoldenError
 
-
-def _record(case="c1", rel=1.234567e-3, **kw):
-    r = {"suite": "s", "op": "rms_norm", "kernel": "torch", "case_id": case, "output": "out",
-         "device_class": "cpu", "case_set": "quick", "dtype": "bf16", "shape": "4x8",
-         "dist": "normal", "seed": 0, "params": "", "status": "passed", "input_digest": "ab",
-         "u": 2.0 ** -8, "gate_ulp": False, "gate_bias": False, "bound_ratio": math.nan,
-         "baseline_bound_ratio": math.nan, "kernel_fmt": "bf16", "baseline_fmt": "bf16"}
-    for side, scale in (("kernel", 1.0), ("baseline", 2.0)):
-        r.update({f"{side}_n": 32, f"{side}_n_compared": 32, f"{side}_n_nan": 0,
-                  f"{side}_n_inf": 0, f"{side}_nonfinite_mismatch": 0, f"{side}_max_abs": 0.01,
-                  f"{side}_mean_abs": 0.001, f"{side}_rel_l2": rel * scale,
-                  f"{side}_sqnr_db": -20 * math.log10(rel * scale), f"{side}_cosine": 1.0,
-                  f"{side}_bias": 0.0, f"{side}_max_ulp": 1, f"{side}_mean_ulp": 0.25,
-                  f"{side}_p99_ulp": 1, f"{side}_bias_ulp": 0.01, f"{side}_mag_bias_ulp": 0.0,
-                  f"{side}_min_block_sqnr_db": 50.123456, f"{side}_worst_block": 0,
-                  f"{side}_n_blocks": 4})
-    r.update(kw)
-    return r
+from _support import golden_record as _record
 
 
 def _rows(*records):

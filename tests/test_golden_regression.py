@@ -1,0 +1,88 @@
+"""Golden regression rules (numcheck.regression) on rows, one rule at a time."""
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from numcheck import golden
+from numcheck.regression import S_E, Z, compare_row, error_slack
+
+from _support import golden_record as _record
+
+
+def _row(**kw):
+    return golden.to_row(_record(**kw))
+
+
+def test_no_golden_is_new_and_same_is_same():
+    assert compare_row(None, _row()).kind == "new"
+    assert compare_row(_row(), _row()).kind == "same"
+
+
+def test_changed_inputs_are_reported_not_judged():
+    ch = compare_row(_row(), _row(input_digest="cd", rel=1.0))
+    assert ch.kind == "inputs_changed" and "input digest ab -> cd" in ch.messages[0]
+
+
+@pytest.mark.parametrize("factor", [2 ** 0.5, 2.0])
+def test_half_a_bit_lost_is_a_regression_naming_the_metric(factor):
+    # kernel error as large as the baseline's yardstick over many elements: slack is S_E of it
+    old = _row(rel=1e-3, kernel_n=4096, kernel_n_compared=4096)
+    old["baseline_rel_l2"] = 1e-3
+    new = dict(old, kernel_rel_l2=1e-3 * factor, kernel_sqnr_db=60 - 20 * math.log10(factor))
+    ch = compare_row(old, new)
+    assert ch.kind == "regressed" and ch.messages[0].startswith("rel_l2 0.001 ->")
+
+
+def test_slack_follows_rounding_noise_not_a_fixed_percentage():
+    # few elements: the RMS of 7 errors moves by ~1/sqrt(14) between benign rewrites
+    assert error_slack(1e-3, 1e-3, 7, 2 ** -8) == pytest.approx(Z * 1e-3 / math.sqrt(14))
+    # many elements: a quarter of the yardstick (the baseline's error)
+    assert error_slack(1e-3, 1e-3, 10 ** 6, 2 ** -8) == pytest.approx(S_E * 1e-3)
+    # an exact kernel: a hundredth of the unit roundoff
+    assert error_slack(0.0, 0.0, 10 ** 6, 2 ** -8) == pytest.approx(0.01 * 2 ** -8)
+
+
+def test_improvement_beyond_slack_is_reported():
+    old = _row(rel=2e-3, kernel_n=4096, kernel_n_compared=4096)
+    new = _row(rel=1e-3, kernel_n=4096, kernel_n_compared=4096)
+    new["baseline_rel_l2"] = old["baseline_rel_l2"]
+    assert compare_row(old, new).kind == "improved"
+
+
+def test_new_nonfinite_values_regress():
+    ch = compare_row(_row(), _row(kernel_n_nan=1, kernel_nonfinite_mismatch=1))
+    assert ch.kind == "regressed" and "non-finite" in ch.messages[0]
+
+
+def test_nan_stat_never_passes():
+    new = _row()
+    new["kernel_rel_l2"] = math.nan
+    assert compare_row(_row(), new).kind == "regressed"
+
+
+def test_worst_block_regression():
+    old = _row()
+    new = _row(kernel_min_block_sqnr_db=40.0)  # 10 dB lower, everything else equal
+    ch = compare_row(old, new)
+    assert ch.kind == "regressed" and "worst block SQNR 50.12 -> 40.0" in ch.messages[0]
+
+
+def test_ulp_and_truncation_rules_only_where_the_op_gates_them():
+    old = _row(gate_ulp=True, gate_bias=True, kernel_n=4096, kernel_n_compared=4096)
+    assert compare_row(old, dict(old, kernel_max_ulp=2)).kind == "same"  # +1 allowed
+    ch = compare_row(old, dict(old, kernel_max_ulp=3))
+    assert ch.kind == "regressed" and "max ULP 1 -> 3" in ch.messages[0]
+    ch = compare_row(old, dict(old, kernel_mag_bias_ulp=-0.5))  # truncation
+    assert ch.kind == "regressed" and "toward larger magnitude" in ch.messages[0]
+    ungated = _row(kernel_n=4096, kernel_n_compared=4096)
+    assert compare_row(ungated, dict(ungated, kernel_max_ulp=40)).kind == "same"
+
+
+def test_kernel_that_stops_running_regresses_and_back():
+    old = _row()
+    err = {k: v for k, v in old.items() if not k.startswith("kernel_")}
+    err["status"] = "error"
+    assert compare_row(old, err).kind == "regressed"
+    assert compare_row(err, old).kind == "improved"

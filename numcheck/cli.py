@@ -248,7 +248,11 @@ def _resolve_kernel(op: str, ref: str):
                    help="run this exact case instead of the set (repro lines print it)"),
               _arg("--device", default=None, help="cpu or cuda (default: cuda when present)"),
               _arg("--save-failures", default=None, metavar="DIR",
-                   help="save the inputs of failing cases here (torch.save files)")))
+                   help="save the inputs of failing cases here (torch.save files)"),
+              _arg("--golden-dir", default=None,
+                   help="compare with the goldens in DIR/<device_class>/verify.parquet"),
+              _arg("--refresh", action="store_true",
+                   help="rewrite those goldens for the cases that ran")))
 def _verify(args: argparse.Namespace) -> int:
     """Run the op's case set against one kernel and print a table of cases. Exit 0 when every
     executed case passes, 1 on a numerical failure or a kernel that fails on a case (other
@@ -259,6 +263,7 @@ def _verify(args: argparse.Namespace) -> int:
     adhoc = [case_from_json(args.op, a) for a in args.adhoc] if args.adhoc else None
     v = verify(args.op, fn, cases=args.cases, device=args.device, case_ids=args.case_ids,
                save_failures=args.save_failures, adhoc=adhoc,
+               golden_dir=args.golden_dir, refresh=args.refresh,
                kernel_name=None if ":" not in args.kernel else args.kernel.split(":", 1)[1])
     print(v.summary())
     return EXIT_OK if v.passed else EXIT_FAILED

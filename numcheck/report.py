@@ -24,7 +24,8 @@ def verification_table(v: "Verification") -> str:
             f"{r['case_id'][:46]:46} {r['output'][:9]:9} {r['status']:7} "
             f"{_db(r.get('kernel_sqnr_db')):>8} {_db(r.get('baseline_sqnr_db')):>8} "
             f"{_db(r.get('kernel_min_block_sqnr_db')):>7} {r.get('kernel_max_ulp', '-')!s:>7}  "
-            f"{r['reason']}")
+            f"{r['reason']}" + (f" [golden {r['golden']}: {r.get('golden_reason', '')}]"
+                                if r.get("golden") not in (None, "same") else ""))
     n_fail = len(v.failures)
     skipped = sum(r["status"] == "skipped" for r in v.records)
     verdict = "PASSED" if v.passed else "FAILED"

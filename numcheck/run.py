@@ -48,7 +48,8 @@ class Verification:
 
     @property
     def failures(self) -> list[dict]:
-        return [r for r in self.records if r["status"] in ("failed", "error")]
+        return [r for r in self.records if r["status"] in ("failed", "error")
+                or r.get("golden") in ("regressed", "missing")]
 
     @property
     def passed(self) -> bool:
@@ -348,17 +349,18 @@ def _save_inputs(root: Path, spec, kern, case, exact, kwargs, records) -> None:
 def verify(op: str, fn, *, kernel_name: str | None = None, cases: str = "quick",
            device: str | None = None, golden_dir=None, refresh: bool = False,
            case_ids: list[str] | None = None, save_failures: str | Path | None = None,
-           adhoc: list[Case] | None = None) -> Verification:
+           adhoc: list[Case] | None = None, suite: str = "verify") -> Verification:
     """Run op's ``cases`` set ("quick" | "full") against ``fn`` and judge every case.
 
     fn: a callable with the op's signature (or a registered Kernel). device: default CUDA when
     present. case_ids: only these cases of the set; adhoc: exactly these cases instead (a
     repro line's --adhoc). save_failures: a folder for failing cases' inputs.
-    golden_dir / refresh: reserved for golden regression (the goldens issue); not yet built.
+    golden_dir: compare every case with the goldens there (``<golden_dir>/<device_class>/
+    <suite>.parquet``): a regression fails the case; refresh=True rewrites the rows of the
+    cases that ran instead (atomically, only when they changed).
     """
-    if golden_dir is not None or refresh:
-        raise UsageError("verify(golden_dir=..., refresh=...): golden regression is not built "
-                         "yet; absolute and baseline rules run without it")
+    if refresh and golden_dir is None:
+        raise UsageError("verify(refresh=True) needs golden_dir=: the folder to write to")
     spec = get_op(op)
     kern = as_kernel(op, fn, kernel_name)
     device = device or default_device()
@@ -374,4 +376,12 @@ def verify(op: str, fn, *, kernel_name: str | None = None, cases: str = "quick",
     records: list[dict] = []
     for case in grid:
         records.extend(run_case(spec, kern, case, device, save_dir=save_failures))
+    if golden_dir is not None:
+        from .session import GoldenSession
+        for r in records:
+            r["suite"] = suite
+        gs = GoldenSession(golden_dir, "refresh" if refresh else "check", case_set=cases)
+        gs.judge(records)
+        if refresh:
+            gs.finish(records, environment.provenance(device))
     return Verification(op, kern.name, device, cases, records)

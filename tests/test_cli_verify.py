@@ -34,6 +34,11 @@ KERNELS = textwrap.dedent('''
 
     def wrong_dtype(x, weight, eps):
         return good(x, weight, eps).double()
+
+    def extra_rounding(x, weight, eps):  # normalized value stored in x's dtype: ~half a bit
+        xf = x.float()
+        y = (xf * torch.rsqrt((xf * xf).mean(-1, keepdim=True) + eps)).to(x.dtype).float()
+        return (y * weight.float()).to(x.dtype)
 ''')
 
 
@@ -108,3 +113,20 @@ def test_from_the_shell(kernels_on_path):
                          capture_output=True, text=True, env=env, timeout=300)
     assert res.returncode == 0, res.stdout + res.stderr
     assert "rms_norm / good on cpu" in res.stdout
+
+
+def test_golden_dir_refresh_then_regression(kernels_on_path, capsys):
+    gdir = kernels_on_path / "golden"
+    case = ["--case", "bf16-4x128-outlier_channels-s0-contiguous-same",
+            "--case", "bf16-2x7x1025-zero_blocks-s0-contiguous-same", "--golden-dir", str(gdir)]
+    code, out, _ = _run(capsys, "--kernel", "user_kernels:good", *case, "--refresh")
+    assert code == 0, out
+    path = gdir / "cpu" / "verify.parquet"
+    assert path.exists()
+    code, out, _ = _run(capsys, "--kernel", "user_kernels:good", *case)
+    assert code == 0, out
+    # the same kernel name with a worse body: a golden regression naming the metric
+    import user_kernels
+    user_kernels.good = user_kernels.extra_rounding
+    code, out, _ = _run(capsys, "--kernel", "user_kernels:good", *case)
+    assert code == 1 and "golden regressed: rel_l2" in out, out

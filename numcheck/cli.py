@@ -439,3 +439,46 @@ def _report(args: argparse.Namespace) -> int:
     else:
         print(text, end="")
     return EXIT_OK
+
+
+# --- converge -----------------------------------------------------------------------------------
+
+@_command("converge", help="short paired training runs per precision recipe, gated",
+          arguments=(
+              _arg("--model", action="append", default=None,
+                   help="mlp, tiny_lm or tiny_dit (repeatable; default all)"),
+              _arg("--recipe", action="append", default=None,
+                   help="recipe name (repeatable; default every recipe): fp32 bf16 fp8_tensor "
+                        "fp8_row fp8_block mxfp8 mxfp4 nvfp4 nvfp4_rht_sr ..."),
+              _arg("--steps", type=int, default=None),
+              _arg("--seeds", type=int, default=None, help="number of paired seeds"),
+              _arg("--cases", default="quick", choices=("quick", "full")),
+              _arg("--out", default="results/convergence",
+                   help="folder for the plot (<model>.png), table and curves parquet")))
+def _converge(args: argparse.Namespace) -> int:
+    """Train each model under each recipe with the same initial weights and data order as the
+    fp32 reference (per seed), print the loss-gap table, write the curves (parquet, golden
+    schema), the table and a loss-vs-step plot. Exit 1 when a recipe diverges, leaves its band
+    against bf16, saturates or produces NaN/inf."""
+    import warnings
+    from pathlib import Path
+
+    from . import environment
+    from .convergence import MODELS, converge
+    from .golden import write_results
+
+    out = Path(args.out)
+    records, ok = [], True
+    for model in args.model or list(MODELS):
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            run = converge(model, recipes=args.recipe, steps=args.steps,
+                           seeds=None if args.seeds is None else range(args.seeds),
+                           cases=args.cases, device="cpu", out_dir=out)
+        print(run.table())
+        print(f"plot: {out / (model + '.png')}\n")
+        records += run.records()
+        ok = ok and run.passed
+    path = write_results(out / "curves.parquet", records, environment.provenance("cpu"))
+    print(f"curves: {path}")
+    return EXIT_OK if ok else EXIT_FAILED

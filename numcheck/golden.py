@@ -103,8 +103,8 @@ def to_row(record: dict, suite: str | None = None) -> dict[str, Any]:
             v = _clean(name, v)
         elif name == "u":  # a power of two: exact as it is
             v = None if v is None else float(v)
-        elif name in ("series", "series_band"):
-            v = None if v is None else [float(x) for x in v]
+        elif name in ("series", "series_band"):  # 6 digits: far below any band, stable reruns
+            v = None if v is None else [_round_sig(float(x), 6) for x in v]
         elif name == "metrics":
             v = None if not v else json.dumps({k: _clean(k, x) for k, x in sorted(v.items())},
                                               sort_keys=True, allow_nan=True)

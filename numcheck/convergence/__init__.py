@@ -1,0 +1,15 @@
+"""Short-run convergence curves per precision recipe, gated (``numcheck converge``).
+
+Modules, in data-flow order: ``data`` (seeded synthetic tasks), ``models`` (mlp, tiny_lm,
+tiny_dit), ``linear`` (quantized linear via ``QuantRecipe.qdq``, ``apply_recipe``), ``recipes``
+(what a recipe name means), ``train`` (one paired run), ``gate`` (pure verdict functions),
+``run`` (``converge`` / ``ConvergenceRun``), ``records`` (golden rows, table), ``plot``.
+"""
+from .gate import window_regression
+from .linear import QuantLinear, apply_recipe
+from .models import MODELS
+from .records import to_records
+from .run import CASE_SETS, ConvergenceRun, converge
+
+__all__ = ["CASE_SETS", "MODELS", "ConvergenceRun", "QuantLinear", "apply_recipe", "converge",
+           "to_records", "window_regression"]

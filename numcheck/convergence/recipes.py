@@ -1,0 +1,98 @@
+"""What a recipe name or object means for a training run: resolved once into a ``Spec``.
+
+* ``fp32``: the reference, everything in fp32.
+* ``bf16``: ``torch.autocast(device, dtype=torch.bfloat16)`` over forward and loss, fp32 master
+  weights and optimizer state (parameters stay fp32; autocast casts GEMM operands to bf16 and
+  accumulates in fp32, attention GEMMs included). This is the BF16 baseline of the gap gate.
+* a QuantRecipe name from ``numcheck.quant.recipe.RECIPES`` or a QuantRecipe object: every
+  ``nn.Linear`` swapped for ``linear.QuantLinear`` (fake-quant GEMM operands, fp32 elsewhere,
+  so the differences from the reference are the quantizers' alone).
+* ``torchao_fp8_tensorwise`` / ``torchao_fp8_rowwise``: torchao's
+  ``convert_to_float8_training`` with that recipe name (a third-party implementation run through
+  the same gate); layers whose in/out features are not multiples of 16 stay high precision
+  (``torch._scaled_mm`` needs that). Skipped, with the reason, where torchao does not import.
+* a user's module factory ``f(nn.Linear) -> nn.Module``: applied by ``apply_recipe``.
+"""
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from ..errors import UsageError
+from .linear import is_quant_recipe
+
+__all__ = ["DEFAULT_RECIPES", "TORCHAO_RECIPES", "Spec", "resolve"]
+
+TORCHAO_RECIPES = {"torchao_fp8_tensorwise": "tensorwise", "torchao_fp8_rowwise": "rowwise"}
+QUANT_NAMES = ("fp8_tensor", "fp8_row", "fp8_block", "mxfp8", "mxfp4", "nvfp4", "nvfp4_rht_sr")
+DEFAULT_RECIPES = ("fp32", "bf16", *QUANT_NAMES, *TORCHAO_RECIPES)
+
+
+@dataclass(frozen=True)
+class Spec:
+    """kind: "fp32" | "bf16" | "quant" (obj: QuantRecipe) | "factory" (obj: nn.Linear ->
+    nn.Module) | "convert" (obj: model -> model). skip: why it cannot run here, or None."""
+
+    name: str
+    kind: str
+    obj: object = None
+    family: str = ""  # "fp8" | "fp4" | "" (gap tolerance class, gate.GAP_TOL)
+    skip: str | None = None
+
+
+def _family(name: str) -> str:
+    n = name.lower()
+    if "fp4" in n or "int4" in n:
+        return "fp4"
+    if "fp8" in n or "float8" in n or "int8" in n:
+        return "fp8"
+    return "fp8"  # unknown user recipes: held to the stricter 8-bit tolerance
+
+
+def _quant_registry():
+    try:
+        from ..quant.recipe import RECIPES
+    except ImportError as e:
+        return None, f"numcheck.quant.recipe does not import: {e}"
+    return RECIPES, None
+
+
+def _torchao_converter(recipe_name: str) -> tuple[Callable | None, str | None]:
+    try:
+        import warnings
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            from torchao.float8 import Float8LinearConfig, convert_to_float8_training
+    except Exception as e:  # noqa: BLE001 - any import failure means "skip, with the reason"
+        return None, f"torchao.float8 does not import: {type(e).__name__}: {e}"
+    config = Float8LinearConfig.from_recipe_name(recipe_name)
+
+    def keep(mod, _fqn: str) -> bool:
+        return mod.in_features % 16 == 0 and mod.out_features % 16 == 0
+
+    def convert(model):
+        return convert_to_float8_training(model, module_filter_fn=keep, config=config)
+    return convert, None
+
+
+def resolve(name: str, value=None) -> Spec:
+    """A Spec for ``name`` (and an optional object: QuantRecipe or module factory)."""
+    if value is not None:
+        if is_quant_recipe(value):
+            return Spec(name, "quant", value, _family(getattr(value, "name", name)))
+        if callable(value):
+            return Spec(name, "factory", value, _family(name))
+        raise UsageError(f"recipes[{name!r}] = {value!r}: pass a QuantRecipe or a callable "
+                         "nn.Linear -> nn.Module")
+    if name in ("fp32", "bf16"):
+        return Spec(name, name)
+    if name in TORCHAO_RECIPES:
+        conv, why = _torchao_converter(TORCHAO_RECIPES[name])
+        return Spec(name, "convert", conv, "fp8", skip=why)
+    reg, why = _quant_registry()
+    if reg is None:
+        return Spec(name, "quant", None, _family(name), skip=why)
+    if name not in reg:
+        raise UsageError(f"recipe {name!r}: use fp32, bf16, {', '.join(TORCHAO_RECIPES)} or one "
+                         f"of numcheck.quant.recipe.RECIPES ({', '.join(sorted(reg))})")
+    return Spec(name, "quant", reg[name], _family(name))

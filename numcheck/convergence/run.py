@@ -1,0 +1,191 @@
+"""``converge``: paired short training runs of one model under several recipes, gated.
+
+For each seed every recipe starts from the reference's initial weights and sees its batches in
+the same order; the fp32 reference and the bf16 baseline of a (model, seed, steps, device) are
+computed once per process and cached, so recipes never rerun them. The verdict of a recipe:
+
+1. any NaN/Inf in loss or gradient norm fails (``gate.nonfinite``);
+2. divergence: a window-mean loss above ``gate.DIVERGENCE_FACTOR`` x the fp32 reference's;
+3. regression against bf16: after warm-up, a window whose mean relative loss gap to bf16 exceeds
+   the seed band plus ``gate.GAP_TOL`` of the recipe's family (fp8 or fp4);
+4. saturation: a window whose mean fraction of clipped quantized values exceeds
+   ``gate.SAT_TOL`` (QuantRecipes only; a module factory's quantizers are not visible).
+
+fp32 and bf16 are the references and are judged by rules 1-2 only (bf16 against fp32). The
+golden rule (``gate.window_regression``: the recipe's own paired series outside its golden band)
+runs where goldens are compared (numcheck's golden store).
+"""
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from ..errors import UsageError
+from . import gate
+from .models import MODELS
+from .recipes import DEFAULT_RECIPES, Spec, resolve
+from .train import train
+
+__all__ = ["CASE_SETS", "ConvergenceRun", "converge", "reference_run"]
+
+# quick: 3 seeds x 100 steps on every model (CI minutes on 2 cores); full: 5 seeds x 200 steps.
+# 3 seeds is the fewest that gives a seed band at all; 100 steps is 4 windows after warm-up.
+CASE_SETS = {"quick": {"steps": 100, "seeds": (0, 1, 2)},
+             "full": {"steps": 200, "seeds": (0, 1, 2, 3, 4)}}
+
+_REF_CACHE: dict[tuple, dict] = {}
+
+
+def reference_run(model: str, name: str, seed: int, steps: int, device: str = "cpu") -> dict:
+    """The fp32 or bf16 run of (model, seed, steps, device), computed once per process."""
+    key = (model, name, seed, steps, device)
+    if key not in _REF_CACHE:
+        _REF_CACHE[key] = train(model, resolve(name), seed, steps, device)
+    return _REF_CACHE[key]
+
+
+@dataclass
+class RecipeResult:
+    spec: Spec
+    loss: np.ndarray | None = None  # (seeds, steps)
+    grad_norm: np.ndarray | None = None
+    sat: np.ndarray | None = None
+    sat_by_role: dict = field(default_factory=dict)
+    seconds: float = 0.0
+    status: str = "passed"  # passed | failed | error | skipped
+    reasons: list[str] = field(default_factory=list)
+    metrics: dict[str, float] = field(default_factory=dict)
+
+
+@dataclass
+class ConvergenceRun:
+    model: str
+    steps: int
+    seeds: tuple[int, ...]
+    device: str
+    results: dict[str, RecipeResult]
+    wall_s: float = 0.0
+
+    @property
+    def passed(self) -> bool:
+        return all(r.status in ("passed", "skipped") for r in self.results.values())
+
+    @property
+    def reference(self) -> RecipeResult:
+        return self.results["fp32"]
+
+    def records(self) -> list[dict]:
+        from .records import to_records
+        return to_records(self)
+
+    def table(self) -> str:
+        from .records import table
+        return table(self)
+
+    def plot(self, path) -> str:
+        from .plot import plot_run
+        return plot_run(self, path)
+
+
+def _stack(runs: list[dict], key: str) -> np.ndarray:
+    return np.stack([r[key] for r in runs])
+
+
+def _judge(res: RecipeResult, ref: RecipeResult, bf16: RecipeResult, steps: int) -> None:
+    L, R, B = res.loss, ref.loss, bf16.loss
+    reasons = gate.nonfinite(L, res.grad_norm)
+    if res.spec.kind != "fp32":
+        reasons += gate.divergence(L, R)
+    if res.spec.kind not in ("fp32", "bf16") and not reasons:
+        reasons += gate.bf16_gap(L, B, gate.GAP_TOL[res.spec.family or "fp8"])
+        if res.sat is not None:
+            reasons += gate.saturation(res.sat)
+    warm = int(gate.WARMUP_FRACTION * steps)
+    m = res.metrics
+    with np.errstate(all="ignore"):
+        m["final_loss"] = float(np.mean(L[:, -gate.WINDOW:]))
+        m["ref_final_loss"] = float(np.mean(R[:, -gate.WINDOW:]))
+        for base_name, base in (("bf16", B), ("fp32", R)):
+            _, g = gate.relative_window_gap(L, base, gate.WINDOW, warm)
+            m[f"gap_{base_name}_mean"] = float(np.mean(g)) if g.size else math.nan
+            m[f"gap_{base_name}_max"] = float(np.max(g.mean(0))) if g.size else math.nan
+            m[f"gap_{base_name}_band"] = (float(np.max(np.abs(g - g.mean(0))))
+                                          if g.size else math.nan)
+        m["grad_norm_ratio"] = float(np.nanmean(res.grad_norm[:, warm:])
+                                     / np.nanmean(ref.grad_norm[:, warm:]))
+        m["sat_max"] = (float(np.nanmax(res.sat)) if res.sat is not None
+                        and np.isfinite(res.sat).any() else math.nan)
+        for role, v in res.sat_by_role.items():
+            m[f"sat_{role}_max"] = float(v)
+    res.reasons = reasons
+    res.status = "failed" if reasons else "passed"
+
+
+def converge(model: str, recipes=None, steps: int | None = None, seeds=None,
+             cases: str = "quick", device: str = "cpu", out_dir=None) -> ConvergenceRun:
+    """Train ``model`` under each recipe for every seed (paired), gate, return the run.
+
+    recipes: None (every default recipe: fp32, bf16, each numcheck QuantRecipe, torchao fp8),
+    a list of names, or a dict name -> None | QuantRecipe | module factory (nn.Linear ->
+    nn.Module), e.g. ``{"mine": my_recipe}``. fp32 and bf16 are always added (reference and
+    baseline). ``steps``/``seeds`` default to the case set's. ``out_dir``: where the plot
+    (``<model>.png``) and the table (``<model>.txt``) are written, if given.
+    """
+    if model not in MODELS:
+        raise UsageError(f"model={model!r}: use one of {', '.join(MODELS)}")
+    if cases not in CASE_SETS:
+        raise UsageError(f"cases={cases!r}: use quick or full")
+    steps = int(steps or CASE_SETS[cases]["steps"])
+    seeds = tuple(seeds if seeds is not None else CASE_SETS[cases]["seeds"])
+    if steps < 2 * gate.WINDOW or not seeds:
+        raise UsageError(f"steps={steps}, seeds={seeds}: need >= {2 * gate.WINDOW} steps and a "
+                         "seed")
+    if recipes is None:
+        wanted = {n: None for n in DEFAULT_RECIPES}
+    elif isinstance(recipes, dict):
+        wanted = dict(recipes)
+    else:
+        wanted = {n: None for n in recipes}
+    wanted = {"fp32": None, "bf16": None, **wanted}
+    t0 = time.perf_counter()
+    results: dict[str, RecipeResult] = {}
+    for name, value in wanted.items():
+        spec = resolve(name, value)
+        res = RecipeResult(spec)
+        results[name] = res
+        if spec.skip:
+            res.status, res.reasons = "skipped", [spec.skip]
+            continue
+        try:
+            if spec.kind in ("fp32", "bf16") and value is None:
+                runs = [reference_run(model, name, s, steps, device) for s in seeds]
+            else:
+                runs = [train(model, spec, s, steps, device) for s in seeds]
+        except Exception as e:  # noqa: BLE001 - a recipe that crashes is an error, others go on
+            res.status = "error"
+            res.reasons = [f"{type(e).__name__}: {e}"]
+            continue
+        res.loss, res.grad_norm, res.sat = (_stack(runs, k) for k in ("loss", "grad_norm",
+                                                                       "sat"))
+        for r in runs:
+            for role, v in r["sat_by_role"].items():
+                res.sat_by_role[role] = max(res.sat_by_role.get(role, 0.0), v)
+        res.seconds = sum(r["seconds"] for r in runs)
+    ref, bf16 = results["fp32"], results["bf16"]
+    for res in results.values():
+        if res.status == "passed" and res.loss is not None:
+            if ref.loss is None or bf16.loss is None:
+                res.status, res.reasons = "error", ["the fp32/bf16 reference runs failed"]
+                continue
+            _judge(res, ref, bf16, steps)
+    run = ConvergenceRun(model, steps, seeds, device, results, time.perf_counter() - t0)
+    if out_dir is not None:
+        from pathlib import Path
+        d = Path(out_dir)
+        d.mkdir(parents=True, exist_ok=True)
+        run.plot(d / f"{model}.png")
+        (d / f"{model}.txt").write_text(run.table() + "\n")
+    return run

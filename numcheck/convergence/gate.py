@@ -13,8 +13,8 @@ from __future__ import annotations
 
 import numpy as np
 
-__all__ = ["DIVERGENCE_FACTOR", "GAP_TOL", "GOLDEN_SLACK", "SAT_TOL", "WARMUP_FRACTION",
-           "WINDOW", "bf16_gap", "divergence", "nonfinite", "paired_series", "saturation",
+__all__ = ["DIVERGENCE_FACTOR", "GAP_TOL", "GOLDEN_SLACK", "GRAD_BIAS_TOL", "SAT_TOL", "WARMUP_FRACTION",
+           "WINDOW", "bf16_gap", "divergence", "grad_bias", "nonfinite", "paired_series", "saturation",
            "window_means", "window_regression"]
 
 # Steps per window: 10% of a 200-step run; one window of quick's 100 steps is 20%. Single-step
@@ -38,6 +38,9 @@ GAP_TOL = {"fp8": 0.02, "fp4": 0.15}
 # FP8 recipe with a frozen amax reached 0.7-0.9% of all quantized values (2.7% of activations)
 # by step 40 of mlp while its loss stayed within 2.5% of fp32 (loss rules alone miss it).
 SAT_TOL = 1e-3
+# Gradient quantizer bias for recipes that declare SR on gradients: placeholder, set from the
+# measurement below (SR vs RNE gradients on mlp).
+GRAD_BIAS_TOL = 0.01
 # Golden band multiplier for window_regression: a window fails when its median deviation from
 # the golden series exceeds GOLDEN_SLACK x the golden band (mean over the window, floored).
 GOLDEN_SLACK = 1.0
@@ -107,6 +110,22 @@ def saturation(sat: np.ndarray, tol: float = SAT_TOL, window: int = WINDOW) -> l
     return [f"{_steps(starts[j], window, sat.shape[1])}: {100 * mean[j]:.2f}% of quantized "
             f"values saturated (> {100 * tol:.2g}%: a stale or wrong scale)"
             for j in np.flatnonzero(mean > tol)]
+
+
+def grad_bias(bias: np.ndarray, tol: float = GRAD_BIAS_TOL, window: int = WINDOW) -> list[str]:
+    """Windows whose seed-mean relative magnitude bias of the quantized gradients exceeds
+    ``tol``, for recipes that declare stochastic rounding on gradients (SR is unbiased; a
+    round-to-nearest in its place shrinks small gradients, too slowly for 100 steps of loss to
+    show)."""
+    bias = np.atleast_2d(np.asarray(bias, dtype=np.float64))
+    if not np.isfinite(bias).any():
+        return []
+    starts, m = window_means(np.where(np.isfinite(bias), bias, 0.0), window)
+    mean = m.mean(0)
+    return [f"{_steps(starts[j], window, bias.shape[1])}: quantized gradients biased by "
+            f"{100 * mean[j]:+.2f}% of their magnitude (> {100 * tol:.2g}%: the recipe declares "
+            f"stochastic rounding, which is unbiased)"
+            for j in np.flatnonzero(np.abs(mean) > tol)]
 
 
 def relative_window_gap(loss: np.ndarray, base: np.ndarray, window: int = WINDOW,

@@ -61,10 +61,15 @@ class QuantState:
         self._signs: dict[int, torch.Tensor] = {}
         self.saturated: dict[str, int] = defaultdict(int)
         self.total: dict[str, int] = defaultdict(int)
+        # Relative magnitude bias of the gradient quantizer, sum((q - t) sign t) / sum |t|:
+        # ~0 for stochastic rounding (unbiased), negative when small gradients round to zero.
+        self.grad_bias_num = 0.0
+        self.grad_bias_den = 0.0
 
     def reset_counts(self) -> None:
         self.saturated.clear()
         self.total.clear()
+        self.grad_bias_num = self.grad_bias_den = 0.0
 
     def count(self, role: str, t: torch.Tensor, q: torch.Tensor, margin: float = SAT_MARGIN
               ) -> None:
@@ -72,6 +77,10 @@ class QuantState:
             top = q.abs().amax() if q.numel() else q.new_zeros(())
             self.saturated[role] += int((t.abs() > margin * top).sum())
             self.total[role] += t.numel()
+            if role == "grad":
+                t64, q64 = t.double(), q.double()
+                self.grad_bias_num += float(((q64 - t64) * t64.sign()).sum())
+                self.grad_bias_den += float(t64.abs().sum())
 
     def signs(self, h: int, device) -> torch.Tensor:
         if h not in self._signs:

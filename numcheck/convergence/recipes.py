@@ -40,7 +40,13 @@ class Spec:
     skip: str | None = None
 
 
-def _family(name: str) -> str:
+def _family(name: str, recipe=None) -> str:
+    """The gap-tolerance class: from a QuantRecipe's operand formats when given, else the name."""
+    for role in ("x", "w"):
+        q = getattr(recipe, role, None)
+        if q is not None:
+            four_bit = q.kind in ("nvfp4", "int4") or (q.kind == "mx" and q.fmt == "e2m1")
+            return "fp4" if four_bit else "fp8"
     n = name.lower()
     if "fp4" in n or "int4" in n:
         return "fp4"
@@ -79,7 +85,7 @@ def resolve(name: str, value=None) -> Spec:
     """A Spec for ``name`` (and an optional object: QuantRecipe or module factory)."""
     if value is not None:
         if is_quant_recipe(value):
-            return Spec(name, "quant", value, _family(getattr(value, "name", name)))
+            return Spec(name, "quant", value, _family(getattr(value, "name", name), value))
         if callable(value):
             return Spec(name, "factory", value, _family(name))
         raise UsageError(f"recipes[{name!r}] = {value!r}: pass a QuantRecipe or a callable "
@@ -95,4 +101,4 @@ def resolve(name: str, value=None) -> Spec:
     if name not in reg:
         raise UsageError(f"recipe {name!r}: use fp32, bf16, {', '.join(TORCHAO_RECIPES)} or one "
                          f"of numcheck.quant.recipe.RECIPES ({', '.join(sorted(reg))})")
-    return Spec(name, "quant", reg[name], _family(name))
+    return Spec(name, "quant", reg[name], _family(name, reg[name]))

@@ -53,6 +53,7 @@ class RecipeResult:
     loss: np.ndarray | None = None  # (seeds, steps)
     grad_norm: np.ndarray | None = None
     sat: np.ndarray | None = None
+    grad_bias: np.ndarray | None = None
     sat_by_role: dict = field(default_factory=dict)
     seconds: float = 0.0
     status: str = "passed"  # passed | failed | error | skipped
@@ -103,6 +104,8 @@ def _judge(res: RecipeResult, ref: RecipeResult, bf16: RecipeResult, steps: int)
         reasons += gate.bf16_gap(L, B, gate.GAP_TOL[res.spec.family or "fp8"])
         if res.sat is not None:
             reasons += gate.saturation(res.sat)
+        if res.grad_bias is not None and _declares_sr_grads(res.spec):
+            reasons += gate.grad_bias(res.grad_bias)
     warm = int(gate.WARMUP_FRACTION * steps)
     m = res.metrics
     with np.errstate(all="ignore"):
@@ -116,12 +119,20 @@ def _judge(res: RecipeResult, ref: RecipeResult, bf16: RecipeResult, steps: int)
                                           if g.size else math.nan)
         m["grad_norm_ratio"] = float(np.nanmean(res.grad_norm[:, warm:])
                                      / np.nanmean(ref.grad_norm[:, warm:]))
+        m["grad_bias_mean"] = (float(np.nanmean(res.grad_bias)) if res.grad_bias is not None
+                               and np.isfinite(res.grad_bias).any() else math.nan)
         m["sat_max"] = (float(np.nanmax(res.sat)) if res.sat is not None
                         and np.isfinite(res.sat).any() else math.nan)
         for role, v in res.sat_by_role.items():
             m[f"sat_{role}_max"] = float(v)
     res.reasons = reasons
     res.status = "failed" if reasons else "passed"
+
+
+def _declares_sr_grads(spec: Spec) -> bool:
+    """The recipe's gradient quantizer says it rounds stochastically (an unbiased rounding)."""
+    grad = getattr(spec.obj, "grad", None)
+    return getattr(grad, "rounding", None) == "sr"
 
 
 def converge(model: str, recipes=None, steps: int | None = None, seeds=None,
@@ -168,8 +179,8 @@ def converge(model: str, recipes=None, steps: int | None = None, seeds=None,
             res.status = "error"
             res.reasons = [f"{type(e).__name__}: {e}"]
             continue
-        res.loss, res.grad_norm, res.sat = (_stack(runs, k) for k in ("loss", "grad_norm",
-                                                                       "sat"))
+        res.loss, res.grad_norm, res.sat, res.grad_bias = (
+            _stack(runs, k) for k in ("loss", "grad_norm", "sat", "grad_bias"))
         for r in runs:
             for role, v in r["sat_by_role"].items():
                 res.sat_by_role[role] = max(res.sat_by_role.get(role, 0.0), v)

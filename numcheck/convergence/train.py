@@ -40,7 +40,9 @@ def _lr_at(step: int, steps: int, peak: float) -> float:
 
 def train(model_name: str, spec: Spec, seed: int, steps: int, device: str = "cpu") -> dict:
     """Returns {"loss", "grad_norm", "sat" (fraction of quantized values clipped, NaN where
-    not measured), "sat_by_role" {role: max fraction}, "seconds"} as numpy float64 arrays."""
+    not measured), "grad_bias" (relative magnitude bias of the gradient quantizer per step,
+    NaN where not measured), "sat_by_role" {role: max fraction}, "seconds"} as numpy float64
+    arrays."""
     import time
 
     t0 = time.perf_counter()
@@ -58,6 +60,7 @@ def train(model_name: str, spec: Spec, seed: int, steps: int, device: str = "cpu
     loss_s = np.full(steps, np.nan)
     gn_s = np.full(steps, np.nan)
     sat_s = np.full(steps, np.nan)
+    gbias_s = np.full(steps, np.nan)
     sat_role: dict[str, float] = {}
     dev_type = torch.device(device).type
     with pinned(STATE):
@@ -81,10 +84,13 @@ def train(model_name: str, spec: Spec, seed: int, steps: int, device: str = "cpu
             gn_s[step] = float(gn)
             if state is not None and state.total:
                 sat_s[step] = sum(state.saturated.values()) / sum(state.total.values())
+                if state.grad_bias_den > 0:
+                    gbias_s[step] = state.grad_bias_num / state.grad_bias_den
                 for role, n in state.total.items():
                     sat_role[role] = max(sat_role.get(role, 0.0), state.saturated[role] / n)
             if not math.isfinite(float(gn)):
                 break
             opt.step()
-    return {"loss": loss_s, "grad_norm": gn_s, "sat": sat_s, "sat_by_role": sat_role,
+    return {"loss": loss_s, "grad_norm": gn_s, "sat": sat_s, "grad_bias": gbias_s,
+            "sat_by_role": sat_role,
             "seconds": time.perf_counter() - t0}

@@ -7,13 +7,12 @@ import dataclasses
 import warnings
 
 import numpy as np
-import pytest
 import torch
 
 from numcheck.convergence import converge, gate, window_regression
 from numcheck.convergence.linear import QuantLinear, QuantState
 from numcheck.quant.fp8 import DelayedScaling
-from numcheck.quant.recipe import RECIPES, Quantizer
+from numcheck.quant.recipe import RECIPES
 
 # ---- gate unit tests ------------------------------------------------------------------------
 
@@ -174,18 +173,32 @@ def test_stale_fp8_scale_is_caught_healthy_fp8_passes():
     assert stale.metrics["sat_x_max"] > 0.01  # a few percent of activations clip
 
 
-@pytest.mark.slow
-@pytest.mark.xfail(reason="measured (mlp, 3 seeds x 100 steps): RNE vs SR gradients differ by "
-                          "-0.0004..+0.00001 in window-mean loss, inside the golden band "
-                          "0.001..0.003 and no larger than a benign SR-stream change "
-                          "(-0.00055..+0.00018); not detectable at this scale yet")
+class IgnoresSR:
+    """A recipe that declares stochastic rounding on FP4 gradients (its ``grad`` quantizer says
+    "sr") while its qdq rounds them to nearest: the flag silently ignored by a kernel."""
+
+    def __init__(self):
+        self.base = RECIPES["nvfp4_rht_sr"]
+        self.name, self.hadamard = "nvfp4_sr_ignored", self.base.hadamard
+        self.x, self.w, self.grad = self.base.x, self.base.w, self.base.grad
+        self._rne = dataclasses.replace(self.base.grad, rounding="rne")
+
+    def qdq(self, role, t, dim=-1, generator=None):
+        if role == "grad":
+            return self._rne.qdq(t, dim)
+        return self.base.qdq(role, t, dim, generator)
+
+
 def test_fp4_gradients_rounded_to_nearest_are_caught():
-    good = RECIPES["nvfp4_rht_sr"]
-    bad = dataclasses.replace(good, name="nvfp4_rht_rne_grad", grad=Quantizer("nvfp4"))
-    run = _converge("mlp", {"nvfp4_rht_sr": None, "rne_grad": bad})
+    # Measured (mlp, 3 seeds x 100 steps): the loss curves of SR and RNE gradients differ by
+    # -0.0004..+0.00001 per window, inside the seeds' band: 100 steps of loss cannot tell them
+    # apart. The run records the quantized gradients' magnitude bias instead (-0.2% for SR,
+    # -0.75% for RNE), which the gate holds to 0.5% for recipes that declare SR.
+    run = _converge("mlp", {"nvfp4_rht_sr": None, "ignores_sr": IgnoresSR()}, steps=60,
+                    seeds=(0, 1))
     assert run.results["nvfp4_rht_sr"].status == "passed", run.table()
-    recs = {r["kernel"]: r for r in run.records()}
-    golden, cur = recs["nvfp4_rht_sr"], recs["rne_grad"]
-    msgs = window_regression(cur["series"], golden["series"], golden["series_band"],
-                             warmup=int(gate.WARMUP_FRACTION * 100))
-    assert msgs or run.results["rne_grad"].status == "failed", run.table()
+    bad = run.results["ignores_sr"]
+    assert bad.status == "failed", run.table()
+    assert any("biased" in r and "stochastic" in r for r in bad.reasons), bad.reasons
+    assert bad.metrics["grad_bias_mean"] < -0.005 < run.results["nvfp4_rht_sr"].metrics[
+        "grad_bias_mean"]

@@ -38,9 +38,11 @@ GAP_TOL = {"fp8": 0.02, "fp4": 0.15}
 # FP8 recipe with a frozen amax reached 0.7-0.9% of all quantized values (2.7% of activations)
 # by step 40 of mlp while its loss stayed within 2.5% of fp32 (loss rules alone miss it).
 SAT_TOL = 1e-3
-# Gradient quantizer bias for recipes that declare SR on gradients: placeholder, set from the
-# measurement below (SR vs RNE gradients on mlp).
-GRAD_BIAS_TOL = 0.01
+# Relative magnitude bias of the quantized gradients, for recipes that declare SR on them.
+# Measured on mlp, 3 seeds x 100 steps, window means per seed: nvfp4_rht_sr -0.17..-0.26%
+# (SR is unbiased per element; NVFP4's e4m3 block-scale rounding and flushes are not), the
+# same recipe with round-to-nearest gradients -0.73..-0.80% -> 0.5%, 2x the SR worst.
+GRAD_BIAS_TOL = 0.005
 # Golden band multiplier for window_regression: a window fails when its median deviation from
 # the golden series exceeds GOLDEN_SLACK x the golden band (mean over the window, floored).
 GOLDEN_SLACK = 1.0

@@ -363,7 +363,12 @@ def _write_report(results, report) -> None:
 
     gf = read(results, results=True)
     report.parent.mkdir(parents=True, exist_ok=True)
-    report.write_text(markdown_report(list(gf.rows.values()), gf.provenance))
+    rows = list(gf.rows.values())
+    report.write_text(markdown_report(rows, gf.provenance, plot_path=report))
+    from .report import extra_sections
+    tables = extra_sections(rows)
+    if tables:
+        print(tables)
 
 
 @_command("refresh", help="rerun the selected suites and rewrite their golden rows",
@@ -433,7 +438,8 @@ def _report(args: argparse.Namespace) -> int:
     gf = read(args.results, results=True)
     if not gf.exists:
         raise UsageError(f"{args.results}: no such results file (numcheck run writes one)")
-    text = markdown_report(list(gf.rows.values()), gf.provenance)
+    text = markdown_report(list(gf.rows.values()), gf.provenance,
+                           plot_path=Path(args.out) if args.out else None)
     if args.out:
         Path(args.out).write_text(text)
     else:

@@ -261,7 +261,9 @@ def provenance(device=None) -> dict[str, str]:
     else:
         out["compute_capability"] = "n/a"
     out["device_class"] = device_class(dev)
-    out["cpu_isa"] = cpu_isa()["summary"]
+    isa = cpu_isa()
+    out["cpu_isa"] = isa["summary"]
+    out["torch_cpu_capability"] = isa["torch_capability"]  # the vector path ATen dispatches to
     for name in ("numpy", "ml_dtypes", "torchao"):
         out[name] = _dist_version(name) or "n/a"
     out["date"] = _dt.datetime.now(_dt.timezone.utc).replace(microsecond=0).isoformat()

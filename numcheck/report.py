@@ -79,7 +79,8 @@ def _cell(x) -> str:
     return str(x).replace("|", "\\|")
 
 
-def markdown_report(rows: list[dict], provenance: dict, *, worst_per_op: int = 3) -> str:
+def markdown_report(rows: list[dict], provenance: dict, *, worst_per_op: int = 3,
+                    plot_path=None) -> str:
     """The PR-comment report of a results file: summary, failures and regressions with their
     repro commands, and the worst cases per op (kernel error over baseline error)."""
     from collections import Counter
@@ -129,4 +130,90 @@ def markdown_report(rows: list[dict], provenance: dict, *, worst_per_op: int = 3
             out.append(f"| {op} | {r['kernel']} | `{r['case_id']}` | {r.get('output')} | "
                        f"{_cell(r.get('kernel_sqnr_db'))} | {_cell(r.get('baseline_sqnr_db'))} | "
                        f"{_cell(r.get('kernel_min_block_sqnr_db'))} | {ratio:.2f} |")
+    extra = extra_sections(rows, plot_path)
+    if extra:
+        out += ["", extra]
     return "\n".join(out) + "\n"
+
+
+# --- quantization and convergence sections ------------------------------------------------------
+
+def _metrics(r: dict) -> dict:
+    m = r.get("metrics") or {}
+    if isinstance(m, str):
+        import json
+        m = json.loads(m)
+    return m
+
+
+def convergence_table(rows: list[dict]) -> str:
+    """Markdown: per model and recipe, the mean window loss gap (after warm-up) to bf16 and to
+    fp32, the largest saturated fraction and gradient bias, and the verdict."""
+    conv = [r for r in rows if r.get("suite") == "convergence" and r.get("series") is not None]
+    if not conv:
+        return ""
+
+    def pct(v):
+        return "-" if v is None or not math.isfinite(v) else f"{100 * v:+.2f}%"
+
+    out = ["| model | recipe | gap to bf16 | gap to fp32 | max saturated | grad bias | status |",
+           "|---|---|---:|---:|---:|---:|---|"]
+    for r in sorted(conv, key=lambda r: (r["op"], r["kernel"])):
+        m = _metrics(r)
+        out.append(f"| {r['op']} | {r['kernel']} | {pct(m.get('gap_bf16_mean'))} | "
+                   f"{pct(m.get('gap_fp32_mean'))} | {pct(m.get('sat_max'))} | "
+                   f"{pct(m.get('grad_bias_mean'))} | {r.get('status')} |")
+    return "\n".join(out)
+
+
+def convergence_plot(rows: list[dict], path) -> list[str]:
+    """One PNG per model: each recipe's seed-mean loss minus the fp32 reference's, per step,
+    with its band across seeds shaded; returns the paths written."""
+    conv = [r for r in rows if r.get("suite") == "convergence" and r.get("series")]
+    if not conv:
+        return []
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from pathlib import Path
+
+    written = []
+    for model in sorted({r["op"] for r in conv}):
+        fig, ax = plt.subplots(figsize=(8, 4.5), dpi=100)
+        for r in sorted((r for r in conv if r["op"] == model), key=lambda r: r["kernel"]):
+            s = [float(v) for v in r["series"]]
+            b = [float(v) for v in (r.get("series_band") or [0.0] * len(s))]
+            steps = range(len(s))
+            line, = ax.plot(steps, s, lw=1.2, label=r["kernel"])
+            ax.fill_between(steps, [a - c for a, c in zip(s, b)], [a + c for a, c in zip(s, b)],
+                            color=line.get_color(), alpha=0.15)
+        ax.axhline(0.0, color="k", lw=0.8)
+        ax.set(xlabel="step", ylabel="loss - fp32 loss (seed mean, band: seed spread)",
+               title=f"convergence: {model}")
+        ax.legend(fontsize=7, ncol=2)
+        p = Path(path).with_name(f"{Path(path).stem}-{model}.png")
+        p.parent.mkdir(parents=True, exist_ok=True)
+        fig.tight_layout()
+        fig.savefig(p)
+        plt.close(fig)
+        written.append(str(p))
+    return written
+
+
+def extra_sections(rows: list[dict], plot_path=None) -> str:
+    """The quantization SQNR tables and the convergence table (and plots) of a results file."""
+    from .quant.suite import sqnr_table
+
+    parts = []
+    q = sqnr_table(rows)
+    if q:
+        parts += ["### Quantization", "", q, ""]
+    c = convergence_table(rows)
+    if c:
+        parts += ["### Convergence (loss gap per recipe)", "", c, ""]
+        if plot_path is not None:
+            for p in convergence_plot(rows, plot_path):
+                from pathlib import Path
+                parts.append(f"![{Path(p).stem}]({Path(p).name})")
+            parts.append("")
+    return "\n".join(parts)

@@ -124,12 +124,13 @@ class GoldenSession:
                             and row.get("case_set") in (None, self.case_set))
             if unused:
                 rep.unused[path] = unused
-            if gf.exists and gf.provenance.get("cpu_isa") and \
-                    gf.provenance.get("cpu_isa") != provenance.get("cpu_isa"):
-                rep.isa_notes.append(f"{path}: golden recorded on ISA "
-                                     f"{gf.provenance['cpu_isa']}, this run on "
-                                     f"{provenance.get('cpu_isa')} (the slack absorbs "
-                                     f"rounding differences; see docs/goldens.md)")
+            for k in ("cpu_isa", "torch_cpu_capability"):
+                if gf.exists and gf.provenance.get(k) and \
+                        gf.provenance.get(k) != provenance.get(k):
+                    rep.isa_notes.append(f"{path}: golden recorded with {k} "
+                                         f"{gf.provenance[k]}, this run {provenance.get(k)} "
+                                         f"(the slack absorbs rounding differences; see "
+                                         f"docs/goldens.md)")
             if self.mode == "strict":
                 continue
             rows = dict(gf.rows)

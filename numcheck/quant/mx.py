@@ -28,9 +28,10 @@ library cast, so no double rounding). Everything is float64 inside; why each cho
   the block is NaN whatever its P_i). ``scale_exp`` holds 128 there (= 0xFF - 127) and ``codes`` hold NaN.
 * **Inf** anywhere in a block: floor(log2(inf)) - emax_elem is beyond E8M0's range. The spec's
   Algorithm 1 does not treat special values separately; its reference implementation
-  (microxcaling ``_quantize_mx``) and torchao both encode an out-of-range shared exponent of a
-  non-finite amax as the NaN scale, so an Inf makes the whole block NaN (code 0xFF). Element
-  formats e2m3/e3m2/e2m1 and e4m3 have no Inf to carry it anyway.
+  (microxcaling ``_quantize_mx``) encodes an out-of-range shared exponent of a non-finite amax
+  as the NaN scale, so an Inf makes the whole block NaN (code 0xFF). torchao 0.18 does not: it
+  writes a finite code and saturates the Inf (docs/quant-findings.md, MX-2). Element formats
+  e2m3/e3m2/e2m1 and e4m3 have no Inf to carry it anyway.
 
 Fake-quant (``mx_qdq``) returns x's dtype. The dequantized value code * 2^e is exactly
 representable in x's dtype for bf16/fp32/fp16 inputs (an element keeps at most 4 significant bits

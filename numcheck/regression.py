@@ -77,6 +77,10 @@ class Change:
             b = None if self.new is None else self.new.get(col)
             if a != b and not (_nan(a) and _nan(b)):
                 parts.append(f"{label} {_fmt(a)} -> {_fmt(b)}")
+        for obj, tag in ((self.old, "old"), (self.new, "new")):
+            if obj is not None and obj.get("series"):
+                s = obj["series"]
+                parts.append(f"{tag} curve: {len(s)} steps, final loss - fp32 {s[-1]:+.4g}")
         if self.new and self.old and self.new.get("status") != self.old.get("status"):
             parts.append(f"status {self.old.get('status')} -> {self.new.get('status')}")
         return ", ".join(parts) or "no metric changed"

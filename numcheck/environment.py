@@ -263,7 +263,7 @@ def provenance(device=None) -> dict[str, str]:
     out["device_class"] = device_class(dev)
     isa = cpu_isa()
     out["cpu_isa"] = isa["summary"]
-    out["torch_cpu_capability"] = isa["torch_capability"]  # the vector path ATen dispatches to
+    out["torch_cpu_isa"] = isa["torch_capability"]  # the vector path ATen dispatches to
     for name in ("numpy", "ml_dtypes", "torchao"):
         out[name] = _dist_version(name) or "n/a"
     out["date"] = _dt.datetime.now(_dt.timezone.utc).replace(microsecond=0).isoformat()

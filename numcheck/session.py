@@ -124,7 +124,7 @@ class GoldenSession:
                             and row.get("case_set") in (None, self.case_set))
             if unused:
                 rep.unused[path] = unused
-            for k in ("cpu_isa", "torch_cpu_capability"):
+            for k in ("cpu_isa", "torch_cpu_isa"):
                 if gf.exists and gf.provenance.get(k) and \
                         gf.provenance.get(k) != provenance.get(k):
                     rep.isa_notes.append(f"{path}: golden recorded with {k} "

@@ -260,7 +260,8 @@ def _scaled_mm_reason(r: QuantRecipe) -> str | None:
         if q.granularity not in ("tensor", "row"):
             return (f"recipe {r.name}: torch._scaled_mm on CPU takes tensor-wise or row-wise "
                     f"scales only; {q.granularity} scaling (like 1x32 MX, 1x16 NVFP4) needs "
-                    "CUDA (PLATFORM.md)")
+                    "CUDA (PLATFORM.md), and numcheck has no wrapper for torch's CUDA "
+                    "block-scaled GEMM yet")
     if r.x.granularity != r.w.granularity:
         return f"recipe {r.name}: _scaled_mm needs both operands scaled alike"
     if r.hadamard:

@@ -35,6 +35,7 @@ import sys
 import time
 import warnings
 from collections import defaultdict
+from pathlib import Path
 
 import torch
 import torch.nn.functional as F
@@ -43,8 +44,16 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 import numcheck as nc
 from numcheck import formats, numerics
 from numcheck.ops import Kernel, get_op, kernels
-from numcheck.ops.attention import sdpa_baseline
 from numcheck.ops.rope import rotate_half
+
+# The benign variants the op-family tests pass are imported from them, not copied.
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
+from test_ops_activations import gelu_erfc_fp32, silu_sigmoid_fp32, swiglu_fused_fp32  # noqa: E402
+from test_ops_attention import reversed_key_order as sdpa_reversed_keys  # noqa: E402
+from test_ops_matmul import _blocked_fp32 as mm_blocked_fp32, _fp32_accumulate as mm_fp32_accumulate, _split_k_reversed as mm_split_k_reversed  # noqa: E402
+from test_ops_norms import adaln_unfused_fp32, ln_welford, rms_reversed_fp32_sum  # noqa: E402
+from test_ops_rope import fp32_then_round_once as rope_fp32_round_once, fused_multiply_add as rope_fma  # noqa: E402
+from test_ops_softmax import cross_entropy_unfused, log_softmax_two_pass_fp32, softmax_blocked_sum, softmax_cascaded_sum, softmax_fp32_upcast, softmax_online  # noqa: E402
 
 QUARTER, HALF = 2 ** 0.25, 2 ** 0.5
 # Candidates (S_E for bf16/fp16 outputs, S_E for fp32 outputs, Z, F) whose false alarms and
@@ -56,12 +65,6 @@ N_BINS = [(0, 64), (64, 256), (256, 1024), (1024, 16384), (16384, 1 << 40)]
 RATIO_BINS = [(1.0, 1.5), (1.5, 4.0), (4.0, math.inf)]  # E / g.rel: baseline vs kernel error
 
 # ---- benign rewrites (copied from tests/test_ops_*.py unless marked "bench") ------------------
-
-
-def rms_reversed_fp32_sum(x, weight, eps):
-    xf = x.float()
-    ms = (xf * xf).flip(-1).cumsum(-1)[..., -1:] / x.shape[-1]  # sequential, reversed order
-    return (xf * torch.rsqrt(ms + eps) * weight.float()).to(x.dtype)
 
 
 def rms_fp32_upcast(x, weight, eps):  # bench: F.rms_norm on fp32 copies, one rounding
@@ -76,27 +79,6 @@ def rms_blocked_sum(x, weight, eps):  # bench: sum of squares in blocks of 64, f
     return (xf * torch.rsqrt(s / x.shape[-1] + eps) * weight.float()).to(x.dtype)
 
 
-def ln_welford(x, weight, bias, eps):
-    """Welford's running mean/M2 in fp32, over blocks of 16 columns merged pairwise."""
-    xf = x.float()
-    d = x.shape[-1]
-    n = torch.zeros(xf.shape[:-1] + (1,), dtype=torch.float32, device=x.device)
-    mean = torch.zeros_like(n)
-    m2 = torch.zeros_like(n)
-    for c0 in range(0, d, 16):
-        blk = xf[..., c0:c0 + 16]
-        nb = blk.shape[-1]
-        mb = blk.mean(-1, keepdim=True)
-        m2b = ((blk - mb) ** 2).sum(-1, keepdim=True)
-        delta = mb - mean
-        tot = n + nb
-        mean = mean + delta * nb / tot
-        m2 = m2 + m2b + delta * delta * n * nb / tot
-        n = tot
-    y = (xf - mean) * torch.rsqrt(m2 / d + eps) * weight.float() + bias.float()
-    return y.to(x.dtype)
-
-
 def ln_two_pass_fp32(x, weight, bias, eps):  # bench: mean, then variance by definition
     xf = x.float()
     mean = xf.mean(-1, keepdim=True)
@@ -105,43 +87,10 @@ def ln_two_pass_fp32(x, weight, bias, eps):  # bench: mean, then variance by def
     return y.to(x.dtype)
 
 
-def adaln_unfused_fp32(x, shift, scale, eps):
-    xf = x.float()
-    mean = xf.mean(-1, keepdim=True)
-    var = ((xf - mean) ** 2).mean(-1, keepdim=True)
-    return (((xf - mean) / torch.sqrt(var + eps)) * (1 + scale.float()) + shift.float()).to(x.dtype)
-
-
 def adaln_fused_fp32(x, shift, scale, eps):  # bench: one fused fp32 pass, one rounding
     xf = x.float()
     y = F.layer_norm(xf, (x.shape[-1],), None, None, eps)
     return torch.addcmul(shift.float(), y, 1 + scale.float()).to(x.dtype)
-
-
-def mm_blocked_fp32(a, b, block=128):
-    """K in blocks of 128, fp32 products per block, fp32 running sum, one rounding."""
-    acc = None
-    for k0 in range(0, a.shape[-1], block):
-        p = a[..., k0:k0 + block].float() @ b[..., k0:k0 + block, :].float()
-        acc = p if acc is None else acc + p
-    return acc.to(a.dtype)
-
-
-def mm_split_k_reversed(a, b, splits=4):
-    """Split-K with fp32 partials, reduced from the last split to the first, one rounding."""
-    k = a.shape[-1]
-    step = -(-k // splits)
-    parts = [a[..., k0:k0 + step].float() @ b[..., k0:k0 + step, :].float()
-             for k0 in range(0, k, step)]
-    acc = parts[-1]
-    for p in reversed(parts[:-1]):
-        acc = acc + p
-    return acc.to(a.dtype)
-
-
-def mm_fp32_accumulate(a, b):
-    """A bf16/fp16 GEMM done as an fp32 GEMM and one rounding."""
-    return (a.float() @ b.float()).to(a.dtype)
 
 
 def linear_unfused(x, weight, bias=None):
@@ -163,54 +112,9 @@ def linear_row_tiles(x, weight, bias=None):
     return torch.cat(outs).to(dt).reshape(*x.shape[:-1], weight.shape[0])
 
 
-def softmax_online(x, dim=-1):
-    """Online softmax: blocks of 32, running max and rescaled running sum in fp32."""
-    xf = x.float().movedim(dim, -1)
-    m = torch.full(xf.shape[:-1] + (1,), -math.inf, device=x.device)
-    s = torch.zeros_like(m)
-    for c0 in range(0, xf.shape[-1], 32):
-        blk = xf[..., c0:c0 + 32]
-        m_new = torch.maximum(m, blk.amax(-1, keepdim=True))
-        s = s * torch.exp(m - m_new) + torch.exp(blk - m_new).sum(-1, keepdim=True)
-        m = m_new
-    return (torch.exp(xf - m) / s).movedim(-1, dim).to(x.dtype)
-
-
-def softmax_fp32_upcast(x, dim=-1):
-    return torch.softmax(x.float(), dim).to(x.dtype)
-
-
-def softmax_cascaded_sum(x, dim=-1):
-    xf = x.float()
-    e = torch.exp(xf - xf.amax(dim, keepdim=True).detach())
-    return (e / e.sum(dim, keepdim=True)).to(x.dtype)
-
-
-def softmax_blocked_sum(x, dim=-1):
-    """The normalizer as partial sums over blocks of 32, added in reverse block order."""
-    xf = x.float().movedim(dim, -1)
-    e = torch.exp(xf - xf.amax(-1, keepdim=True).detach())
-    parts = [e[..., c0:c0 + 32].sum(-1, keepdim=True) for c0 in range(0, e.shape[-1], 32)]
-    s = torch.zeros_like(parts[0])
-    for p in reversed(parts):
-        s = s + p
-    return (e / s).movedim(-1, dim).to(x.dtype)
-
-
-def log_softmax_two_pass_fp32(x, dim=-1):
-    xf = x.float()
-    z = xf - xf.amax(dim, keepdim=True).detach()
-    return (z - torch.log(torch.exp(z).sum(dim, keepdim=True))).to(x.dtype)
-
-
 def log_softmax_logsumexp_fp32(x, dim=-1):  # bench: torch.logsumexp in fp32
     xf = x.float()
     return (xf - torch.logsumexp(xf, dim, keepdim=True)).to(x.dtype)
-
-
-def cross_entropy_unfused(logits, target):
-    lsm = torch.log_softmax(logits.float(), -1)
-    return -lsm.gather(-1, target.to(logits.device).view(-1, 1)).mean().to(logits.dtype)
 
 
 def cross_entropy_fp32_then_round(logits, target):  # bench: fp32 loss rounded once
@@ -261,17 +165,6 @@ def sdpa_math_fp32(q, k, v, attn_mask=None, is_causal=False, scale=None):
     return out.to(q.dtype)
 
 
-def sdpa_reversed_keys(q, k, v, attn_mask=None, is_causal=False, scale=None):
-    """The naive composition over keys in reverse order (a reordered summation)."""
-    s, skv = q.shape[-2], k.shape[-2]
-    allowed = torch.ones(s, skv, dtype=torch.bool, device=q.device)
-    if is_causal:
-        allowed = allowed.tril()
-    if attn_mask is not None:
-        allowed = allowed & attn_mask.to(q.device)
-    return sdpa_baseline(q, k.flip(-2), v.flip(-2), attn_mask=allowed.flip(-1), scale=scale)
-
-
 def rope_complex_fp32(x, cos, sin):
     d = x.shape[-1]
     half = d // 2
@@ -281,30 +174,8 @@ def rope_complex_fp32(x, cos, sin):
     return torch.cat([r[..., 0], r[..., 1]], -1).to(x.dtype)
 
 
-def rope_fp32_round_once(x, cos, sin):
-    xf = x.float()
-    return (xf * cos.float() + rotate_half(xf) * sin.float()).to(x.dtype)
-
-
-def rope_fma(x, cos, sin):
-    return torch.addcmul(x * cos, rotate_half(x), sin)
-
-
-def gelu_erfc_fp32(x, approximate="none"):
-    xf = x.float()
-    if approximate == "tanh":
-        y = math.sqrt(2 / math.pi) * (xf + 0.044715 * xf * xf * xf)
-        return (xf * torch.sigmoid(2 * y)).to(x.dtype)
-    return (xf * 0.5 * torch.special.erfc(-xf * (1 / math.sqrt(2)))).to(x.dtype)
-
-
 def gelu_fp32_upcast(x, approximate="none"):  # bench
     return F.gelu(x.float(), approximate=approximate).to(x.dtype)
-
-
-def silu_sigmoid_fp32(x):
-    xf = x.float()
-    return (xf * torch.sigmoid(xf)).to(x.dtype)
 
 
 def silu_sigmoid_fp32_backward(grad_out, x):
@@ -315,11 +186,6 @@ def silu_sigmoid_fp32_backward(grad_out, x):
 
 def silu_fp32_upcast(x):  # bench
     return F.silu(x.float()).to(x.dtype)
-
-
-def swiglu_fused_fp32(a, b):
-    af = a.float()
-    return (af * torch.sigmoid(af) * b.float()).to(a.dtype)
 
 
 # ---- one extra rounding: an intermediate rounded to the output dtype (bench) -----------------

@@ -102,15 +102,24 @@ def divergence(loss: np.ndarray, ref: np.ndarray, factor: float = DIVERGENCE_FAC
     return out
 
 
+def _seed_mean_windows(a: np.ndarray, window: int):
+    """(window starts, seed-mean window means, steps) of a per-step statistic; NaN steps (not
+    measured) count as 0; None when nothing was measured at all."""
+    a = np.atleast_2d(np.asarray(a, dtype=np.float64))
+    if not np.isfinite(a).any():
+        return None
+    starts, m = window_means(np.where(np.isfinite(a), a, 0.0), window)
+    return starts, m.mean(0), a.shape[1]
+
+
 def saturation(sat: np.ndarray, tol: float = SAT_TOL, window: int = WINDOW) -> list[str]:
     """Windows whose seed-mean saturated fraction exceeds ``tol`` (NaN = not measured: skip)."""
-    sat = np.atleast_2d(np.asarray(sat, dtype=np.float64))
-    if not np.isfinite(sat).any():
+    w = _seed_mean_windows(sat, window)
+    if w is None:
         return []
-    starts, m = window_means(np.where(np.isfinite(sat), sat, 0.0), window)
-    mean = m.mean(0)
-    return [f"{_steps(starts[j], window, sat.shape[1])}: {100 * mean[j]:.2f}% of quantized "
-            f"values saturated (> {100 * tol:.2g}%: a stale or wrong scale)"
+    starts, mean, n = w
+    return [f"{_steps(starts[j], window, n)}: {100 * mean[j]:.2f}% of quantized values "
+            f"saturated (> {100 * tol:.2g}%: a stale or wrong scale)"
             for j in np.flatnonzero(mean > tol)]
 
 
@@ -119,12 +128,11 @@ def grad_bias(bias: np.ndarray, tol: float = GRAD_BIAS_TOL, window: int = WINDOW
     ``tol``, for recipes that declare stochastic rounding on gradients (SR is unbiased; a
     round-to-nearest in its place shrinks small gradients, too slowly for 100 steps of loss to
     show)."""
-    bias = np.atleast_2d(np.asarray(bias, dtype=np.float64))
-    if not np.isfinite(bias).any():
+    w = _seed_mean_windows(bias, window)
+    if w is None:
         return []
-    starts, m = window_means(np.where(np.isfinite(bias), bias, 0.0), window)
-    mean = m.mean(0)
-    return [f"{_steps(starts[j], window, bias.shape[1])}: quantized gradients biased by "
+    starts, mean, n = w
+    return [f"{_steps(starts[j], window, n)}: quantized gradients biased by "
             f"{100 * mean[j]:+.2f}% of their magnitude (> {100 * tol:.2g}%: the recipe declares "
             f"stochastic rounding, which is unbiased)"
             for j in np.flatnonzero(np.abs(mean) > tol)]

@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
-# The device check, in one run: doctor, every cuda-marked test, the op suites and the hypothesis
-# search on CUDA, and the ErrorStats benchmark on CUDA. Outputs go to $OUT (default ./out);
+# The device check, in one run: doctor, every cuda-marked test, the built-in suites on CUDA
+# (ops, quant, convergence, search) recording cuda-smXY goldens and a results file into $OUT
+# (review them, then copy $OUT/golden/cuda-sm* to golden/ and commit), the markdown report, and
+# the ErrorStats benchmark on CUDA. Outputs go to $OUT (default ./out);
 # the dated notes under docs/ are written from them. Runs without installing numcheck (the GPU
 # image has its own CUDA torch): PYTHONPATH and `-p numcheck.plugin`.
 set -u
@@ -19,5 +21,7 @@ nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
 step doctor "$py" -m numcheck doctor
 step tests_cuda "$py" -m pytest -p numcheck.plugin tests -q -n 8 -m cuda -rfE -p no:cacheprovider
 step suites_cuda "$py" -m pytest -p numcheck.plugin suites -q -n 8 --dist loadgroup \
-  --numcheck-device cuda -rfEx -p no:cacheprovider
+  --numcheck-device cuda -rfEx -p no:cacheprovider --numcheck-golden-dir "$OUT/golden" \
+  --numcheck-refresh --numcheck-results "$OUT/results.parquet"
+step report "$py" -m numcheck report "$OUT/results.parquet" --out "$OUT/report.md"
 step bench_cuda "$py" bench/bench_error_stats.py --device cuda

@@ -91,13 +91,11 @@ def _clean(name: str, v: Any) -> Any:
     return _round_sig(v)
 
 
-def to_row(record: dict, suite: str | None = None) -> dict[str, Any]:
+def to_row(record: dict) -> dict[str, Any]:
     """A run record as a golden row (schema columns only, stats rounded)."""
     row: dict[str, Any] = {}
     for name in COLUMNS:
         v = record.get(name)
-        if name == "suite" and suite is not None:
-            v = suite
         if name.startswith(("kernel_", "baseline_")) and not name.endswith("_fmt") or \
                 name in ("bound_ratio", "baseline_bound_ratio"):
             v = _clean(name, v)
@@ -197,7 +195,7 @@ def _table(rows: Iterable[dict], provenance: dict, schema: pa.Schema) -> pa.Tabl
     return pa.Table.from_pylist(ordered, schema=schema.with_metadata(meta))
 
 
-def _same(a: dict, b: dict) -> bool:
+def rows_equal(a: dict, b: dict) -> bool:
     """Rows equal as stored (NaN equals NaN: a NaN stat is a value, not a change)."""
     for c in a.keys() | b.keys():
         x, y = a.get(c), b.get(c)
@@ -238,7 +236,7 @@ def write(gf: GoldenFile, rows: dict[tuple, dict], provenance: dict) -> bool:
     """Replace the file's rows by ``rows``; returns False (and writes nothing) when the rows
     are the same as stored."""
     if gf.exists and gf.rows.keys() == rows.keys() and \
-            all(_same(gf.rows[k], rows[k]) for k in rows):
+            all(rows_equal(gf.rows[k], rows[k]) for k in rows):
         return False
     atomic_write(gf.path, _table(rows.values(), provenance, SCHEMA), summary_text(rows.values()))
     gf.rows, gf.provenance, gf.exists = dict(rows), dict(provenance), True

@@ -24,6 +24,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
+from . import golden
+
 # Constants measured in docs/golden-slack-calibration.md (bench/calibrate_golden_slack.py,
 # 4710 benign rows: reordered/blocked fp32 sums, Welford, online softmax, split-K GEMM, ...):
 # bf16/fp16 results (u >= 2^-11): benign excess <= 0.012 E on 11 of 13 ops -> 0.1 (8x margin);
@@ -113,8 +115,6 @@ def _nonfinite(row: dict) -> tuple[int, int]:
 
 def compare_row(old: dict | None, new: dict) -> Change:
     """The golden verdict of ``new`` (a golden-schema row) against ``old`` (None: no golden)."""
-    from . import golden
-
     key = golden.key_of(new)
     if old is None:
         return Change(key, "new", ["no golden row for this case"], None, new)

@@ -149,7 +149,7 @@ class GoldenSession:
                     rows[k] = row
                     touched = True
                     ch = compare_row(old, row)
-                    if old is None or not golden._same(old, row):
+                    if old is None or not golden.rows_equal(old, row):
                         rep.changes.append(ch)
             if self.prune and unused:
                 for k in unused:

@@ -39,7 +39,7 @@ def test_write_read_round_trip_and_metadata(tmp_path):
     assert back.provenance == {"torch": "x", "cpu_isa": "AVX2"}
     assert list(back.rows) == sorted(rows)  # stored sorted by key
     for k in rows:
-        assert golden._same(back.rows[k], rows[k])
+        assert golden.rows_equal(back.rows[k], rows[k])
     meta = pq.read_schema(path).metadata
     assert int(meta[b"numcheck.schema_version"]) == golden.SCHEMA_VERSION
     # the text summary beside it, one sorted line per row

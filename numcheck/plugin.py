@@ -13,7 +13,6 @@
 from __future__ import annotations
 
 import json
-import time
 from collections import Counter, defaultdict
 from pathlib import Path
 
@@ -38,7 +37,6 @@ class _Run:
         self.idle: list[str] = []
         self.finish_lines: list[str] = []
         self.golden_error: str = ""
-        self.started = time.time()
 
     def add(self, records: list[dict], duration: float) -> None:
         self.records.extend(records)

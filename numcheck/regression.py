@@ -127,7 +127,12 @@ def compare_row(old: dict | None, new: dict) -> Change:
     better: list[str] = []
     if new.get("series") is not None and old.get("series") is not None:
         from .convergence.gate import window_regression
-        worse += window_regression(new["series"], old["series"], old.get("series_band") or [])
+        band = old.get("series_band") or []
+        worse += window_regression(new["series"], old["series"], band, sides="upper")
+        # a curve that moved below its band (lower loss than recorded) is reported, not failed
+        better += [m.replace("above", "below").replace("by +", "by -") for m in window_regression(
+            [-v for v in new["series"]], [-v for v in old["series"]], band, sides="upper")
+            if "non-finite" not in m and "length" not in m]
     if new.get("status") == "error" and old.get("status") != "error":
         worse.append(f"the kernel now fails to run ({old.get('status')} -> error)")
     if new.get("kernel_n") is None or old.get("kernel_n") is None:

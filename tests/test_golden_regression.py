@@ -91,3 +91,23 @@ def test_kernel_that_stops_running_regresses_and_back():
     err["status"] = "error"
     assert compare_row(old, err).kind == "regressed"
     assert compare_row(err, old).kind == "improved"
+
+
+def _curve(series, band):
+    return dict(_row(), kernel_n=None, series=list(series), series_band=list(band),
+                op="mlp", kernel="nvfp4", output="loss")
+
+
+def test_curve_rows_use_the_window_band():
+    gold = _curve([0.01] * 100, [0.002] * 100)
+    assert compare_row(gold, _curve([0.0105] * 100, [0.002] * 100)).kind == "same"
+    # one wild step is not a regression; a sustained shift over a window is
+    spike = [0.01] * 100
+    spike[50] = 1.0
+    assert compare_row(gold, _curve(spike, [0.002] * 100)).kind == "same"
+    worse = compare_row(gold, _curve([0.01] * 60 + [0.02] * 40, [0.002] * 100))
+    assert worse.kind == "regressed" and "steps 60-79" in worse.messages[0]
+    better = compare_row(gold, _curve([0.0] * 100, [0.002] * 100))
+    assert better.kind == "improved" and "below" in better.messages[0]
+    nan = compare_row(gold, _curve([0.01] * 99 + [math.nan], [0.002] * 100))
+    assert nan.kind == "regressed" and "non-finite" in nan.messages[0]

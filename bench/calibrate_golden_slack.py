@@ -48,12 +48,21 @@ from numcheck.ops.rope import rotate_half
 
 # The benign variants the op-family tests pass are imported from them, not copied.
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
-from test_ops_activations import gelu_erfc_fp32, silu_sigmoid_fp32, swiglu_fused_fp32  # noqa: E402
+from test_ops_activations import (  # noqa: E402
+    gelu_erfc_fp32, silu_sigmoid_fp32, swiglu_fused_fp32)
+from test_ops_attention import online_softmax as sdpa_online  # noqa: E402
 from test_ops_attention import reversed_key_order as sdpa_reversed_keys  # noqa: E402
-from test_ops_matmul import _blocked_fp32 as mm_blocked_fp32, _fp32_accumulate as mm_fp32_accumulate, _split_k_reversed as mm_split_k_reversed  # noqa: E402
+from test_ops_matmul import _blocked_fp32 as mm_blocked_fp32  # noqa: E402
+from test_ops_matmul import _fp32_accumulate as mm_fp32_accumulate  # noqa: E402
+from test_ops_matmul import _linear_row_tiles as linear_row_tiles  # noqa: E402
+from test_ops_matmul import _linear_unfused as linear_unfused  # noqa: E402
+from test_ops_matmul import _split_k_reversed as mm_split_k_reversed  # noqa: E402
 from test_ops_norms import adaln_unfused_fp32, ln_welford, rms_reversed_fp32_sum  # noqa: E402
-from test_ops_rope import fp32_then_round_once as rope_fp32_round_once, fused_multiply_add as rope_fma  # noqa: E402
-from test_ops_softmax import cross_entropy_unfused, log_softmax_two_pass_fp32, softmax_blocked_sum, softmax_cascaded_sum, softmax_fp32_upcast, softmax_online  # noqa: E402
+from test_ops_rope import fp32_then_round_once as rope_fp32_round_once  # noqa: E402
+from test_ops_rope import fused_multiply_add as rope_fma  # noqa: E402
+from test_ops_softmax import (  # noqa: E402
+    cross_entropy_unfused, log_softmax_two_pass_fp32, softmax_blocked_sum, softmax_cascaded_sum,
+    softmax_fp32_upcast, softmax_online)
 
 QUARTER, HALF = 2 ** 0.25, 2 ** 0.5
 # Candidates (S_E for bf16/fp16 outputs, S_E for fp32 outputs, Z, F) whose false alarms and
@@ -93,25 +102,6 @@ def adaln_fused_fp32(x, shift, scale, eps):  # bench: one fused fp32 pass, one r
     return torch.addcmul(shift.float(), y, 1 + scale.float()).to(x.dtype)
 
 
-def linear_unfused(x, weight, bias=None):
-    """x W^T rounded to the compute dtype, then the bias added in the compute dtype."""
-    dt = x.dtype
-    out = x @ weight.to(dt).mT
-    return out if bias is None else out + bias.to(dt)
-
-
-def linear_row_tiles(x, weight, bias=None):
-    """The row-tiled linear done right (bias on every tile), fp32 epilogue."""
-    dt = x.dtype
-    x2 = x.reshape(-1, x.shape[-1])
-    w = weight.to(dt)
-    outs = []
-    for r0 in range(0, x2.shape[0], 64):
-        o = x2[r0:r0 + 64].float() @ w.float().mT
-        outs.append(o if bias is None else o + bias.to(dt).float())
-    return torch.cat(outs).to(dt).reshape(*x.shape[:-1], weight.shape[0])
-
-
 def log_softmax_logsumexp_fp32(x, dim=-1):  # bench: torch.logsumexp in fp32
     xf = x.float()
     return (xf - torch.logsumexp(xf, dim, keepdim=True)).to(x.dtype)
@@ -119,40 +109,6 @@ def log_softmax_logsumexp_fp32(x, dim=-1):  # bench: torch.logsumexp in fp32
 
 def cross_entropy_fp32_then_round(logits, target):  # bench: fp32 loss rounded once
     return F.cross_entropy(logits.float(), target.to(logits.device)).to(logits.dtype)
-
-
-def _online(q, k, v, attn_mask=None, is_causal=False, scale=None, *, block=32):
-    """Flash-style attention: keys in blocks, running max and sum, fp32 accumulation."""
-    dt = q.dtype
-    d = q.shape[-1]
-    g = q.shape[-3] // k.shape[-3]
-    q, k, v = q.float(), k.float().repeat_interleave(g, -3), v.float().repeat_interleave(g, -3)
-    s, skv = q.shape[-2], k.shape[-2]
-    sc = scale if scale is not None else 1.0 / math.sqrt(d)
-    allowed = torch.ones(s, skv, dtype=torch.bool, device=q.device)
-    if is_causal:
-        allowed = allowed.tril()
-    if attn_mask is not None:
-        allowed = allowed & attn_mask.to(q.device)
-    allowed = allowed.expand(*q.shape[:-1], skv)
-    m = torch.full((*q.shape[:-1], 1), -math.inf, device=q.device)
-    l = torch.zeros_like(m)
-    acc = torch.zeros(q.shape, device=q.device)
-    for j in range(0, skv, block):
-        logits = (q @ k[..., j:j + block, :].transpose(-2, -1)) * sc
-        logits = logits.masked_fill(~allowed[..., j:j + block], -math.inf)
-        m_new = torch.maximum(m, logits.amax(-1, keepdim=True).detach())
-        m_safe = torch.where(m_new == -math.inf, 0.0, m_new)
-        p = torch.exp(logits - m_safe)
-        alpha = torch.exp(m - m_safe)
-        l = l * alpha + p.sum(-1, keepdim=True)
-        acc = acc * alpha + p @ v[..., j:j + block, :]
-        m = m_new
-    return (acc / torch.where(l == 0, 1.0, l)).to(dt)
-
-
-def sdpa_online(q, k, v, attn_mask=None, is_causal=False, scale=None):
-    return _online(q, k, v, attn_mask, is_causal, scale)
 
 
 def sdpa_math_fp32(q, k, v, attn_mask=None, is_causal=False, scale=None):

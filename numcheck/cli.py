@@ -303,8 +303,10 @@ _SELECT = (
 )
 
 
-def _pytest(args: argparse.Namespace, extra: list[str]) -> int:
-    """Run the built-in suites under pytest with the numcheck options; pytest's exit code."""
+def _pytest(args: argparse.Namespace, extra: list[str], replaces=None) -> int:
+    """Run the built-in suites under pytest with the numcheck options; pytest's exit code.
+    ``replaces``: a results file this run rewrites, removed once the arguments are valid, so
+    that a run which writes none never leaves an older one to be reported."""
     import importlib.util
     import os
     import subprocess
@@ -323,6 +325,8 @@ def _pytest(args: argparse.Namespace, extra: list[str]) -> int:
             raise UsageError(f"-n {args.workers}: pytest-xdist is not installed "
                              f"(pip install pytest-xdist, or -n 0)")
         cmd += ["-n", str(args.workers), "--dist", "loadgroup"]
+    if replaces is not None:
+        Path(replaces).unlink(missing_ok=True)
     print("+ " + " ".join(cmd), flush=True)
     return subprocess.call(cmd, cwd=_suites_dir().parent, env=dict(os.environ))
 
@@ -350,25 +354,34 @@ def _run(args: argparse.Namespace) -> int:
     results = Path(args.results).resolve()
     report = Path(args.report).resolve() if args.report else results.with_name("report.md")
     extra = [f"--numcheck-results={results}"] + (["--numcheck-strict"] if args.strict else [])
-    rc = _exit_of(_pytest(args, extra))
+    rc = _exit_of(_pytest(args, extra, replaces=results))
     if results.exists():
-        _write_report(results, report)
+        from .report import extra_sections
+        rows = _write_report(results, report)
+        tables = extra_sections(rows)
+        if tables:
+            print(tables)
         print(f"results: {results}\nreport:  {report}")
     return rc
 
 
-def _write_report(results, report) -> None:
+def _read_results(path):
     from .golden import read
+
+    gf = read(path, results=True)
+    if not gf.exists:
+        raise UsageError(f"{path}: no such results file (numcheck run writes one)")
+    return list(gf.rows.values()), gf.provenance
+
+
+def _write_report(results, report) -> list[dict]:
+    """The markdown report of a results file (and its plots) at ``report``; returns the rows."""
     from .report import markdown_report
 
-    gf = read(results, results=True)
+    rows, prov = _read_results(results)
     report.parent.mkdir(parents=True, exist_ok=True)
-    rows = list(gf.rows.values())
-    report.write_text(markdown_report(rows, gf.provenance, plot_path=report))
-    from .report import extra_sections
-    tables = extra_sections(rows)
-    if tables:
-        print(tables)
+    report.write_text(markdown_report(rows, prov, plot_path=report))
+    return rows
 
 
 @_command("refresh", help="rerun the selected suites and rewrite their golden rows",
@@ -429,21 +442,15 @@ def _show(args: argparse.Namespace) -> int:
           arguments=(_arg("results"), _arg("--out", default=None, help="write here, not stdout")))
 def _report(args: argparse.Namespace) -> int:
     """Markdown for a pull-request comment: summary, failures and regressions with repro
-    commands, worst cases per op."""
+    commands, worst cases per op (with --out: the convergence plots beside it)."""
     from pathlib import Path
 
-    from .golden import read
     from .report import markdown_report
 
-    gf = read(args.results, results=True)
-    if not gf.exists:
-        raise UsageError(f"{args.results}: no such results file (numcheck run writes one)")
-    text = markdown_report(list(gf.rows.values()), gf.provenance,
-                           plot_path=Path(args.out) if args.out else None)
     if args.out:
-        Path(args.out).write_text(text)
+        _write_report(args.results, Path(args.out))
     else:
-        print(text, end="")
+        print(markdown_report(*_read_results(args.results)), end="")
     return EXIT_OK
 
 

@@ -210,67 +210,54 @@ def _metric(r: dict, key: str):
     return m.get(key)
 
 
+def _grid(title: str, corner: str, records: list[dict], order: list[str], cell, footer) -> list[str]:
+    """A markdown table: one row per kernel (in ``order``), one column per distribution,
+    ``cell(record)`` in each (bold FAIL when the record failed), then ``footer`` = (label,
+    fn(record)) over the first record of each distribution (the BF16 yardstick)."""
+    dists = [d for d in inputs.DISTRIBUTIONS if any(r["dist"] == d for r in records)]
+    kernels = sorted({r["kernel"] for r in records},
+                     key=lambda k: (order.index(k) if k in order else 999, k))
+    by = {(r["kernel"], r["dist"]): r for r in records}
+    out = [title, "", f"| {corner} | " + " | ".join(dists) + " |", "|---|" + "---|" * len(dists)]
+    for k in kernels:
+        row = []
+        for d in dists:
+            r = by.get((k, d))
+            text = "" if r is None else cell(r)
+            row.append(f"**{text} FAIL**" if r is not None and r.get("status") == "failed"
+                       else text)
+        out.append(f"| {k} | " + " | ".join(row) + " |")
+    first: dict[str, dict] = {}
+    for r in records:
+        first.setdefault(r["dist"], r)
+    label, fn = footer
+    out.append(f"| {label} | " + " | ".join(fn(first[d]) for d in dists) + " |")
+    return out
+
+
+def _roundtrip_cell(r: dict) -> str:
+    s = f"{_db(r['kernel_sqnr_db'])} / {_db(r['kernel_min_block_sqnr_db'])}"
+    clip = _metric(r, "clip_frac")
+    return s + (f" ({100 * clip:.2g}%)" if clip else "")
+
+
 def sqnr_table(records: list[dict]) -> str:
     """Markdown: round-trip SQNR "mean / worst block" (dB) by path x distribution, the BF16
     yardstick row, and the SQNR gap of each quantized GEMM recipe to BF16 by distribution.
     Records of other ops are ignored; an empty string when there is nothing to show."""
     rt = [r for r in records if r.get("op") == "roundtrip" and r.get("kernel_sqnr_db") is not None]
     gm = [r for r in records if r.get("op") == "gemm" and r.get("kernel_sqnr_db") is not None]
-    parts = []
+    parts: list[str] = []
     if rt:
-        dists = [d for d in inputs.DISTRIBUTIONS if any(r["dist"] == d for r in rt)]
-        kernels = sorted({r["kernel"] for r in rt}, key=lambda k: (list(PATHS).index(k)
-                                                                   if k in PATHS else 999, k))
-        cell = {(r["kernel"], r["dist"]): r for r in rt}
-        parts.append("Round-trip SQNR, dB: mean / worst block (clip %), vs the fp32 input")
-        parts.append("")
-        parts.append("| path | " + " | ".join(dists) + " |")
-        parts.append("|---|" + "---|" * len(dists))
-        for k in kernels:
-            row = []
-            for d in dists:
-                r = cell.get((k, d))
-                if r is None:
-                    row.append("")
-                    continue
-                s = f"{_db(r['kernel_sqnr_db'])} / {_db(r['kernel_min_block_sqnr_db'])}"
-                clip = _metric(r, "clip_frac")
-                if clip:
-                    s += f" ({100 * clip:.2g}%)"
-                if r.get("status") == "failed":
-                    s = f"**{s} FAIL**"
-                row.append(s)
-            parts.append(f"| {k} | " + " | ".join(row) + " |")
-        bf = {}
-        for r in rt:
-            bf.setdefault(r["dist"], r)
-        parts.append("| bf16 (yardstick) | " + " | ".join(
-            f"{_db(bf[d]['baseline_sqnr_db'])} / {_db(bf[d]['baseline_min_block_sqnr_db'])}"
-            for d in dists) + " |")
+        parts += _grid("Round-trip SQNR, dB: mean / worst block (clip %), vs the fp32 input",
+                       "path", rt, list(PATHS), _roundtrip_cell,
+                       ("bf16 (yardstick)", lambda r: f"{_db(r['baseline_sqnr_db'])} / "
+                                                      f"{_db(r['baseline_min_block_sqnr_db'])}"))
     if gm:
-        dists = [d for d in inputs.DISTRIBUTIONS if any(r["dist"] == d for r in gm)]
-        cell = {(r["kernel"], r["dist"]): r for r in gm}
-        kernels = sorted({r["kernel"] for r in gm}, key=lambda k: (
-            list(RECIPES).index(k) if k in RECIPES else 999, k))
         if parts:
             parts.append("")
-        parts.append("Quantized GEMM: SQNR gap to the BF16 GEMM, dB (recipe SQNR in brackets)")
-        parts.append("")
-        parts.append("| recipe | " + " | ".join(dists) + " |")
-        parts.append("|---|" + "---|" * len(dists))
-        for k in kernels:
-            row = []
-            for d in dists:
-                r = cell.get((k, d))
-                if r is None:
-                    row.append("")
-                    continue
-                s = f"{_db(_metric(r, 'sqnr_gap_db'))} ({_db(r['kernel_sqnr_db'])})"
-                row.append(f"**{s} FAIL**" if r.get("status") == "failed" else s)
-            parts.append(f"| {k} | " + " | ".join(row) + " |")
-        bf = {}
-        for r in gm:
-            bf.setdefault(r["dist"], r)
-        parts.append("| bf16 GEMM SQNR | " + " | ".join(_db(bf[d]["baseline_sqnr_db"])
-                                                      for d in dists) + " |")
+        parts += _grid("Quantized GEMM: SQNR gap to the BF16 GEMM, dB (recipe SQNR in brackets)",
+                       "recipe", gm, list(RECIPES),
+                       lambda r: f"{_db(_metric(r, 'sqnr_gap_db'))} ({_db(r['kernel_sqnr_db'])})",
+                       ("bf16 GEMM SQNR", lambda r: _db(r["baseline_sqnr_db"])))
     return "\n".join(parts)

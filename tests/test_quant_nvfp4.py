@@ -24,13 +24,7 @@ from numcheck.quant.nvfp4 import nvfp4_dequantize, nvfp4_qdq, nvfp4_quantize
 E2M1_VALUES = np.arange(16, dtype=np.uint8).view(ml_dtypes.float4_e2m1fn).astype(np.float64)
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    """Small tensors: one intra-op thread is 30x faster than two on a loaded 2-core CI runner."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def blocks(*rows):

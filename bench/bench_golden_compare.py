@@ -18,6 +18,7 @@ import time
 from pathlib import Path
 
 from numcheck import golden
+from numcheck.records import Record
 from numcheck.regression import compare_row
 
 
@@ -36,7 +37,7 @@ def _row(i: int, rel: float) -> dict:
                   f"{side}_mean_ulp": 0.2, f"{side}_p99_ulp": 1, f"{side}_bias_ulp": 0.0,
                   f"{side}_mag_bias_ulp": 0.0, f"{side}_min_block_sqnr_db": -20 * math.log10(e) - 3,
                   f"{side}_worst_block": 0, f"{side}_n_blocks": 4})
-    return golden.to_row(r)
+    return golden.to_row(Record.from_row(r))
 
 
 def main(n: int) -> None:

@@ -8,7 +8,7 @@ block size n_compared / n_blocks):
 g: the golden row (the eager kernel), c: the current row, E = max(g.kernel_rel, g.baseline_rel),
 u: unit roundoff of the output format. The script runs every op's quick grid on the CPU:
 
-1. benign rewrites (copied from tests/test_ops_*.py, plus a few more) against the eager kernel:
+1. benign rewrites (numcheck.variants, plus a few of the bench's own) against the eager kernel:
    the excess d = c.rel - g.rel in units of E, of g.rel / sqrt(2 n) and of u, per op and dtype;
 2. the eager kernel under 1 thread instead of the pinned 2, and under ATEN_CPU_CAPABILITY=avx2
    (another machine's vector code) in a subprocess;
@@ -35,34 +35,23 @@ import sys
 import time
 import warnings
 from collections import defaultdict
-from pathlib import Path
 
 import torch
 import torch.nn.functional as F
-from torch.nn.attention import SDPBackend, sdpa_kernel
 
 import numcheck as nc
 from numcheck import formats, numerics
-from numcheck.ops import Kernel, get_op, kernels
+from numcheck.catalog import get_op, kernels
+from numcheck.registry import Kernel
 from numcheck.ops.rope import rotate_half
 
-# The benign variants the op-family tests pass are imported from them, not copied.
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
-from test_ops_activations import (  # noqa: E402
-    gelu_erfc_fp32, silu_sigmoid_fp32, swiglu_fused_fp32)
-from test_ops_attention import online_softmax as sdpa_online  # noqa: E402
-from test_ops_attention import reversed_key_order as sdpa_reversed_keys  # noqa: E402
-from test_ops_matmul import _blocked_fp32 as mm_blocked_fp32  # noqa: E402
-from test_ops_matmul import _fp32_accumulate as mm_fp32_accumulate  # noqa: E402
-from test_ops_matmul import _linear_row_tiles as linear_row_tiles  # noqa: E402
-from test_ops_matmul import _linear_unfused as linear_unfused  # noqa: E402
-from test_ops_matmul import _split_k_reversed as mm_split_k_reversed  # noqa: E402
-from test_ops_norms import adaln_unfused_fp32, ln_welford, rms_reversed_fp32_sum  # noqa: E402
-from test_ops_rope import fp32_then_round_once as rope_fp32_round_once  # noqa: E402
-from test_ops_rope import fused_multiply_add as rope_fma  # noqa: E402
-from test_ops_softmax import (  # noqa: E402
-    cross_entropy_unfused, log_softmax_two_pass_fp32, softmax_blocked_sum, softmax_cascaded_sum,
-    softmax_fp32_upcast, softmax_online)
+from numcheck.variants import (
+    adaln_unfused_fp32, cross_entropy_unfused, gelu_erfc_fp32, linear_row_tiles, linear_unfused,
+    ln_welford, log_softmax_two_pass_fp32, matmul_blocked_fp32, matmul_fp32_accumulate,
+    matmul_split_k_reversed, rms_reversed_fp32_sum, rope_complex_fp32, rope_fma,
+    rope_fp32_round_once, sdpa_math_fp32, sdpa_online, sdpa_reversed_keys, silu_sigmoid_fp32,
+    silu_sigmoid_fp32_backward, softmax_blocked_sum, softmax_cascaded_sum, softmax_fp32_upcast,
+    softmax_online, swiglu_fused_fp32)
 
 QUARTER, HALF = 2 ** 0.25, 2 ** 0.5
 # Candidates (S_E for bf16/fp16 outputs, S_E for fp32 outputs, Z, F) whose false alarms and
@@ -73,7 +62,7 @@ CANDIDATES = [(0.10, 1.25, 6.0, 0.05), (0.10, 0.10, 6.0, 0.05), (0.05, 1.25, 6.0
 N_BINS = [(0, 64), (64, 256), (256, 1024), (1024, 16384), (16384, 1 << 40)]
 RATIO_BINS = [(1.0, 1.5), (1.5, 4.0), (4.0, math.inf)]  # E / g.rel: baseline vs kernel error
 
-# ---- benign rewrites (copied from tests/test_ops_*.py unless marked "bench") ------------------
+# ---- the bench's own benign rewrites (the shared ones are in numcheck.variants) -------------
 
 
 def rms_fp32_upcast(x, weight, eps):  # bench: F.rms_norm on fp32 copies, one rounding
@@ -111,33 +100,8 @@ def cross_entropy_fp32_then_round(logits, target):  # bench: fp32 loss rounded o
     return F.cross_entropy(logits.float(), target.to(logits.device)).to(logits.dtype)
 
 
-def sdpa_math_fp32(q, k, v, attn_mask=None, is_causal=False, scale=None):
-    """torch's math backend on fp32 copies, the result cast back."""
-    with sdpa_kernel([SDPBackend.MATH]):
-        out = F.scaled_dot_product_attention(
-            q.float(), k.float(), v.float(), is_causal=is_causal, scale=scale,
-            attn_mask=None if attn_mask is None else attn_mask.to(q.device),
-            enable_gqa=k.shape[-3] != q.shape[-3])
-    return out.to(q.dtype)
-
-
-def rope_complex_fp32(x, cos, sin):
-    d = x.shape[-1]
-    half = d // 2
-    xi = torch.stack([x[..., :half], x[..., half:]], -1).float().contiguous()
-    rot = torch.complex(cos[..., :half].float(), sin[..., :half].float())
-    r = torch.view_as_real(torch.view_as_complex(xi) * rot)
-    return torch.cat([r[..., 0], r[..., 1]], -1).to(x.dtype)
-
-
 def gelu_fp32_upcast(x, approximate="none"):  # bench
     return F.gelu(x.float(), approximate=approximate).to(x.dtype)
-
-
-def silu_sigmoid_fp32_backward(grad_out, x):
-    xf, gf = x.float(), grad_out.float()
-    s = torch.sigmoid(xf)
-    return ((gf * s * (1 + xf * (1 - s))).to(x.dtype),)
 
 
 def silu_fp32_upcast(x):  # bench
@@ -260,7 +224,8 @@ OPS = {
                  xr_rms_norm),
     "layer_norm": ("torch", [ln_welford, ln_two_pass_fp32], xr_layer_norm),
     "adaln_modulate": ("torch", [adaln_unfused_fp32, adaln_fused_fp32], xr_adaln),
-    "matmul": ("torch", [mm_blocked_fp32, mm_split_k_reversed, mm_fp32_accumulate], xr_matmul),
+    "matmul": ("torch", [matmul_blocked_fp32, matmul_split_k_reversed, matmul_fp32_accumulate],
+               xr_matmul),
     "linear": ("torch", [linear_unfused, linear_row_tiles], xr_linear),
     "softmax": ("torch", [Kernel("softmax", "online", softmax_online, forward_only=True),
                           softmax_fp32_upcast, softmax_cascaded_sum, softmax_blocked_sum],
@@ -348,17 +313,20 @@ def truncating_kernel(op: str, eager: Kernel) -> Kernel:
 
 # ---- runs ------------------------------------------------------------------------------------
 
-def _verify(op, kern):
+def _verify(op, kern) -> list[dict]:
+    """The quick grid's records in their flat form (``Record.as_row``: kernel_rel_l2, ...)."""
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        return nc.verify(op, kern, device="cpu", cases="quick").records
+        return [r.as_row() for r in nc.verify(op, kern, device="cpu", cases="quick").records]
 
 
-def _keyed(records):
-    return {(r["case_id"], r["output"]): r for r in records if "kernel_rel_l2" in r}
+def _keyed(rows):
+    return {(r["case_id"], r["output"]): r for r in rows if r.get("kernel_rel_l2") is not None}
 
 
-def _block_rel(db: float) -> float:
+def _block_rel(db: float | None) -> float:
+    if db is None:
+        return math.nan
     return 10.0 ** (-db / 20.0) if db != math.inf else 0.0
 
 
@@ -373,7 +341,7 @@ def metrics(g: dict, c: dict) -> list[dict]:
             ("block", _block_rel(g["kernel_min_block_sqnr_db"]),
              _block_rel(g["baseline_min_block_sqnr_db"]),
              _block_rel(c["kernel_min_block_sqnr_db"]), max(1, n // nb))):
-        if not all(math.isfinite(v) for v in (gr, br, cr)):
+        if not all(v is not None and math.isfinite(v) for v in (gr, br, cr)):
             continue
         e = max(gr, br)
         out.append({"metric": m, "fmt": g["kernel_fmt"], "g": gr, "c": cr, "E": e, "u": u, "n": nn, "d": cr - gr,

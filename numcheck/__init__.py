@@ -6,12 +6,12 @@ table ``FORMATS`` and the exception tree (``NumcheckError``, ``UsageError``).
 """
 from .errors import NumcheckError, UsageError
 from .formats import FORMATS, Format, round_to, ulp_distance
-from .ops import kernel, op
+from .catalog import kernel, op
 from .policy import Policy
 from .run import Verification, verify
 from .stats import ErrorStats, error_stats
 
-__version__ = "0.1.0"
+from .version import __version__
 
 __all__ = ["FORMATS", "ErrorStats", "Format", "NumcheckError", "Policy", "UsageError",
            "Verification", "error_stats", "kernel", "op", "round_to", "ulp_distance", "verify",

@@ -15,6 +15,7 @@ import math
 import sys
 from typing import Callable
 
+from .cases import CASE_SETS
 from .errors import UsageError
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
@@ -37,7 +38,7 @@ def _command(name: str, help: str, arguments: tuple = ()) -> Callable[[_Handler]
 
 
 def _build_parser() -> argparse.ArgumentParser:
-    from . import __version__
+    from .version import __version__
 
     parser = argparse.ArgumentParser(
         prog="numcheck",
@@ -125,7 +126,8 @@ def _format_rows() -> list[dict]:
 
 def _doctor_report() -> dict:
     """Everything doctor shows, as one JSON-able dict (the text output renders this)."""
-    from . import __version__, environment as env
+    from . import environment as env
+    from .version import __version__
 
     devices = []
     for dev in env.available_devices():
@@ -215,7 +217,7 @@ def _resolve_kernel(op: str, ref: str):
     naming what failed otherwise (exit 2)."""
     import importlib
 
-    from .ops import kernels
+    from .catalog import kernels
 
     builtin = kernels(op)
     if ":" not in ref:
@@ -241,7 +243,7 @@ def _resolve_kernel(op: str, ref: str):
               _arg("--op", required=True, help="op name, e.g. rms_norm (numcheck verify --op ?)"),
               _arg("--kernel", required=True,
                    help="module:function of your kernel, or a built-in kernel's name"),
-              _arg("--cases", default="quick", choices=("quick", "full")),
+              _arg("--cases", default="quick", choices=CASE_SETS),
               _arg("--case", action="append", dest="case_ids", default=None,
                    help="run only this case id (repeatable)"),
               _arg("--adhoc", action="append", default=None, metavar="JSON",
@@ -297,7 +299,7 @@ _SELECT = (
          help="built-in suite to run (repeatable; default all): ops, search, quant, convergence"),
     _arg("-k", dest="keyword", default=None, help="pytest -k selection within the suites"),
     _arg("-n", dest="workers", default="2", help="pytest-xdist workers (0: in process)"),
-    _arg("--cases", default="quick", choices=("quick", "full")),
+    _arg("--cases", default="quick", choices=CASE_SETS),
     _arg("--device", default=None, help="cpu or cuda (default: cuda when present)"),
     _arg("--golden-dir", default=None, help="golden folder (default: golden/ of the checkout)"),
 )
@@ -356,32 +358,24 @@ def _run(args: argparse.Namespace) -> int:
     extra = [f"--numcheck-results={results}"] + (["--numcheck-strict"] if args.strict else [])
     rc = _exit_of(_pytest(args, extra, replaces=results))
     if results.exists():
-        from .report import extra_sections
-        rows = _write_report(results, report)
-        tables = extra_sections(rows)
+        from .verdict import sections
+        tables = sections(_write_report(results, report))
         if tables:
             print(tables)
         print(f"results: {results}\nreport:  {report}")
     return rc
 
 
-def _read_results(path):
-    from .golden import read
-
-    gf = read(path, results=True)
-    if not gf.exists:
-        raise UsageError(f"{path}: no such results file (numcheck run writes one)")
-    return list(gf.rows.values()), gf.provenance
-
-
-def _write_report(results, report) -> list[dict]:
-    """The markdown report of a results file (and its plots) at ``report``; returns the rows."""
+def _write_report(results, report):
+    """The markdown report of a results file (and its plots) at ``report``; returns the
+    records."""
+    from .golden import read_results
     from .report import markdown_report
 
-    rows, prov = _read_results(results)
+    records, prov = read_results(results)
     report.parent.mkdir(parents=True, exist_ok=True)
-    report.write_text(markdown_report(rows, prov, plot_path=report))
-    return rows
+    report.write_text(markdown_report(records, prov, plot_path=report))
+    return records
 
 
 @_command("refresh", help="rerun the selected suites and rewrite their golden rows",
@@ -420,7 +414,8 @@ def _compare(args: argparse.Namespace) -> int:
     for gf, name in ((old, args.old), (new, args.new)):
         if not gf.exists:
             raise UsageError(f"{name}: no such file")
-    changes = [compare_row(old.rows.get(k), row) for k, row in new.rows.items()]
+    changes = [compare_row(old.rows.get(k), row, row.get("family"))
+               for k, row in new.rows.items()]
     changes += [Change(k, "removed", ["row not in NEW"], row, None)
                 for k, row in old.rows.items() if k not in new.rows]
     print(change_table(changes, show_same=args.all))
@@ -450,7 +445,8 @@ def _report(args: argparse.Namespace) -> int:
     if args.out:
         _write_report(args.results, Path(args.out))
     else:
-        print(markdown_report(*_read_results(args.results)), end="")
+        from .golden import read_results
+        print(markdown_report(*read_results(args.results)), end="")
     return EXIT_OK
 
 
@@ -465,7 +461,7 @@ def _report(args: argparse.Namespace) -> int:
                         "fp8_row fp8_block mxfp8 mxfp4 nvfp4 nvfp4_rht_sr ..."),
               _arg("--steps", type=int, default=None),
               _arg("--seeds", type=int, default=None, help="number of paired seeds"),
-              _arg("--cases", default="quick", choices=("quick", "full")),
+              _arg("--cases", default="quick", choices=CASE_SETS),
               _arg("--out", default="results/convergence",
                    help="folder for the plot (<model>.png), table and curves parquet")))
 def _converge(args: argparse.Namespace) -> int:

@@ -237,7 +237,7 @@ def provenance(device=None) -> dict[str, str]:
     No hostname, user or path: goldens are committed to public repositories.
     ``device=None`` describes the default device (the current CUDA device if any, else the CPU).
     """
-    from . import __version__
+    from .version import __version__
 
     dev = _resolve(device)
     out = {

@@ -73,6 +73,12 @@ class Format:
         return 2.0 ** -(self.mbits + 1)
 
     @property
+    def overflow_threshold(self) -> float:
+        """max plus half the step below it (the top binade's ulp): RNE without saturation rounds
+        values above this beyond max (e4m3: 464, e5m2: 61440, e2m1: 7)."""
+        return self.max + 0.5 * 2.0 ** (self.emax - self.mbits)
+
+    @property
     def always_saturates(self) -> bool:
         return not self.has_inf and not self.has_nan
 
@@ -136,13 +142,15 @@ def get(fmt: str | Format | torch.dtype) -> Format:
     return FORMATS[name]
 
 
-def _pow2(k: torch.Tensor) -> torch.Tensor:
+def pow2(k: torch.Tensor) -> torch.Tensor:
     """2.0**k as float64, exact, built from the bits; k (int64) must lie in [-1022, 1023]."""
     return ((k + 1023) << 52).view(torch.float64)
 
 
-def _exponent(a: torch.Tensor) -> torch.Tensor:
-    """floor(log2(a)) for finite a >= 0 from the bits; zero and fp64 subnormals give -1023."""
+def floor_log2(a: torch.Tensor) -> torch.Tensor:
+    """floor(log2(a)) (int64) for finite float64 a >= 0, from the exponent bits: exact for every
+    normal float64 (fp32/bf16/fp16 subnormals are normal there); zero and fp64 subnormals give
+    -1023."""
     return (a.view(torch.int64) >> 52) - 1023
 
 
@@ -151,13 +159,13 @@ def _round_magnitude(a: torch.Tensor, f: Format, rounding: str,
     """Round finite a >= 0 (float64) to f's grid with an unbounded exponent range above.
 
     Returns (magnitude, ordinal): the rounded value before any overflow rule, and its position in
-    f's ordered encoding (the same integer as _ordinal gives, computed in the same pass).
+    f's ordered encoding (the same integer as ordinal gives, computed in the same pass).
     """
     # Exponent clamped to [emin, emax + 1]: below emin the quantum is the subnormal step; above
     # emax + 1 everything overflows anyway, and the clamp keeps every power of two in range.
-    e = _exponent(a).clamp(f.emin, f.emax + 1)
+    e = floor_log2(a).clamp(f.emin, f.emax + 1)
     qexp = e - f.mbits
-    m = a * _pow2(-qexp)  # exact: scaling by a power of two, result far from under/overflow
+    m = a * pow2(-qexp)  # exact: scaling by a power of two, result far from under/overflow
     low = torch.floor(m)
     frac = m - low  # exact while m < 2^53 (always, except beyond-overflow values)
     if rounding == "rne":
@@ -171,7 +179,7 @@ def _round_magnitude(a: torch.Tensor, f: Format, rounding: str,
                               dtype=torch.int64)
         up = draws.to(torch.float64) * 2.0**-53 < frac
     steps = low + up
-    return steps * _pow2(qexp), (e - f.emin) * 2**f.mbits + steps.to(torch.int64)
+    return steps * pow2(qexp), (e - f.emin) * 2**f.mbits + steps.to(torch.int64)
 
 
 def round_to(x, fmt, rounding: str = "rne", saturate: bool = True,
@@ -185,16 +193,16 @@ def round_to(x, fmt, rounding: str = "rne", saturate: bool = True,
     f = get(fmt)
     if rounding not in ROUNDINGS:
         raise UsageError(f"rounding={rounding!r}: use one of {', '.join(ROUNDINGS)}")
-    x64 = _as_float64(x, "round_to")
+    x64 = as_float64(x, "round_to")
     if rounding == "sr" and generator is None:
         raise UsageError("rounding='sr' needs generator=torch.Generator(device=x.device)"
                          ".manual_seed(...): stochastic rounding must be reproducible")
     if f.name == "fp64":
         return x64.clamp(-f.max, f.max) if saturate else x64.clone()
-    return _round(x64, f, rounding, saturate, generator)[0]
+    return round_with_ordinal(x64, f, rounding, saturate, generator)[0]
 
 
-def _as_float64(x, who: str, device=None) -> torch.Tensor:
+def as_float64(x, who: str, device=None) -> torch.Tensor:
     """x as float64, exactly: Python numbers go straight to float64 (never through fp32)."""
     if not isinstance(x, torch.Tensor):
         return torch.as_tensor(x, dtype=torch.float64, device=device)
@@ -204,9 +212,11 @@ def _as_float64(x, who: str, device=None) -> torch.Tensor:
     return x.to(device=device or x.device, dtype=torch.float64)
 
 
-def _round(x64: torch.Tensor, f: Format, rounding: str, saturate: bool,
-           generator: torch.Generator | None) -> tuple[torch.Tensor, torch.Tensor]:
-    """round_to's body for float64 x and f other than fp64: (values, signed ordinals).
+def round_with_ordinal(x64: torch.Tensor, f: Format, rounding: str = "rne", saturate: bool = True,
+                       generator: torch.Generator | None = None
+                       ) -> tuple[torch.Tensor, torch.Tensor]:
+    """round_to's body for float64 x and f other than fp64: (values, signed ordinals), the
+    ordinals (``ordinal``'s) computed in the same pass.
 
     The ordinal of an element whose result is not finite is meaningless; callers mask it.
     """
@@ -239,7 +249,7 @@ def _max_ordinal(f: Format) -> int:
     return (f.emax - f.emin) * 2**f.mbits + int(f.max * 2.0 ** (f.mbits - f.emax))
 
 
-def _ordinal(v: torch.Tensor, f: Format) -> torch.Tensor:
+def ordinal(v: torch.Tensor, f: Format) -> torch.Tensor:
     """Signed position of each value in f's ordered encoding (+0 and -0 both 0); int64.
 
     Raises UsageError for a value that is not in f (off the grid, beyond max, inf where f has
@@ -251,8 +261,8 @@ def _ordinal(v: torch.Tensor, f: Format) -> torch.Tensor:
     if f.name == "fp64":
         return torch.where(v < 0, -1, 1) * (a.view(torch.int64) & 0x7FFFFFFFFFFFFFFF)
     fin = torch.where(inf, 0.0, a)
-    e = _exponent(fin).clamp(min=f.emin)
-    s = fin * _pow2(f.mbits - e)  # integer significand for values on f's grid
+    e = floor_log2(fin).clamp(min=f.emin)
+    s = fin * pow2(f.mbits - e)  # integer significand for values on f's grid
     bad = (s != torch.floor(s)) | (fin > f.max)
     if f.min_subnormal is None:
         bad |= fin < f.min_normal
@@ -282,10 +292,10 @@ def ulp_distance(a, b, fmt) -> torch.Tensor:
     not in fmt raise UsageError (round them first with nc.round_to).
     """
     f = get(fmt)
-    a64 = _as_float64(a, "ulp_distance")
-    b64 = _as_float64(b, "ulp_distance", device=a64.device)
+    a64 = as_float64(a, "ulp_distance")
+    b64 = as_float64(b, "ulp_distance", device=a64.device)
     a64, b64 = torch.broadcast_tensors(a64, b64)
-    oa, ob = _ordinal(a64, f), _ordinal(b64, f)
+    oa, ob = ordinal(a64, f), ordinal(b64, f)
     diff = oa - ob
     # fp64 ordinals reach 2^62.9: a difference across zero can wrap; it saturates instead.
     wrapped = ((oa >= 0) & (ob < 0) & (diff < 0)) | ((oa < 0) & (ob >= 0) & (diff >= 0))

@@ -29,39 +29,40 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from .errors import UsageError
+from .records import GOLDEN_FIELDS, RESULT_FIELDS, STAT_SIDES, STAT_FIELDS, Record
 
 SCHEMA_VERSION = 1
 KEY = ("suite", "op", "kernel", "case_id", "output", "device_class")
-STATS = ("n", "n_compared", "n_nan", "n_inf", "nonfinite_mismatch", "max_abs", "mean_abs",
-         "rel_l2", "sqnr_db", "cosine", "bias", "max_ulp", "mean_ulp", "p99_ulp", "bias_ulp",
-         "mag_bias_ulp", "min_block_sqnr_db", "worst_block", "n_blocks")
 _INT_STATS = {"n", "n_compared", "n_nan", "n_inf", "nonfinite_mismatch", "max_ulp", "p99_ulp",
               "worst_block", "n_blocks"}
 _DB_STATS = {"sqnr_db", "min_block_sqnr_db"}
 _ULP_STATS = {"mean_ulp", "bias_ulp", "mag_bias_ulp"}
+# Arrow types of the Record fields that are not strings.
+_TYPES = {"seed": pa.int64(), "u": pa.float64(), "gate_ulp": pa.bool_(), "gate_bias": pa.bool_(),
+          "bound_ratio": pa.float64(), "baseline_bound_ratio": pa.float64(),
+          "series": pa.list_(pa.float64()), "series_band": pa.list_(pa.float64()),
+          "cond": pa.float64(), "reduction_len": pa.float64()}
+# metrics: family-specific scalars as sorted JSON; findings: JSON list of messages
 
 
-def _schema() -> pa.Schema:
-    cols: list[tuple[str, pa.DataType]] = [(k, pa.string()) for k in KEY]
-    cols += [("case_set", pa.string()), ("dtype", pa.string()), ("shape", pa.string()),
-             ("dist", pa.string()), ("seed", pa.int64()), ("params", pa.string()),
-             ("status", pa.string()), ("input_digest", pa.string()),
-             # verdict inputs: the unit roundoff the verdict used, which rules bind the op
-             ("u", pa.float64()), ("gate_ulp", pa.bool_()), ("gate_bias", pa.bool_()),
-             ("bound_ratio", pa.float64()), ("baseline_bound_ratio", pa.float64())]
-    for side in ("kernel", "baseline"):
-        cols += [(f"{side}_fmt", pa.string())]
-        cols += [(f"{side}_{s}", pa.int64() if s in _INT_STATS else pa.float64()) for s in STATS]
-    cols += [("series", pa.list_(pa.float64())), ("series_band", pa.list_(pa.float64())),
-             ("metrics", pa.string())]  # suite-specific scalars as sorted JSON
-    return pa.schema(cols)
+def _columns(fields: tuple[str, ...]) -> list[tuple[str, pa.DataType]]:
+    """Parquet columns of Record fields: the stats fields expand into one column per
+    ErrorStats field."""
+    cols: list[tuple[str, pa.DataType]] = []
+    for name in fields:
+        if name in STAT_SIDES:
+            side = STAT_SIDES[name]
+            cols += [(f"{side}_{s}", pa.string() if s == "fmt" else pa.int64()
+                      if s in _INT_STATS else pa.float64()) for s in STAT_FIELDS]
+        else:
+            cols.append((name, _TYPES.get(name, pa.string())))
+    return cols
 
 
-SCHEMA = _schema()
+SCHEMA = pa.schema(_columns(GOLDEN_FIELDS))
 COLUMNS = tuple(SCHEMA.names)
-# Results files carry the golden columns plus the run's diagnostics and golden verdicts.
-RESULT_EXTRA = ("reason", "golden", "golden_reason", "repro", "worst_elements", "numerics",
-                "device")
+# Results files carry the golden columns plus the rest of each record (diagnostics, verdicts).
+RESULTS_SCHEMA = pa.schema(_columns(GOLDEN_FIELDS + RESULT_FIELDS))
 
 
 class GoldenError(UsageError):
@@ -91,21 +92,24 @@ def _clean(name: str, v: Any) -> Any:
     return _round_sig(v)
 
 
-def to_row(record: dict) -> dict[str, Any]:
-    """A run record as a golden row (schema columns only, stats rounded)."""
+def to_row(record: Record, columns: tuple[str, ...] = COLUMNS) -> dict[str, Any]:
+    """A record as a golden row (``columns``; stats rounded as stored)."""
+    flat = record.as_row()
     row: dict[str, Any] = {}
-    for name in COLUMNS:
-        v = record.get(name)
+    for name in columns:
+        v = flat.get(name)
         if name.startswith(("kernel_", "baseline_")) and not name.endswith("_fmt") or \
                 name in ("bound_ratio", "baseline_bound_ratio"):
             v = _clean(name, v)
-        elif name == "u":  # a power of two: exact as it is
+        elif name in ("u", "cond", "reduction_len"):  # exact as they are
             v = None if v is None else float(v)
         elif name in ("series", "series_band"):  # 6 digits: far below any band, stable reruns
             v = None if v is None else [_round_sig(float(x), 6) for x in v]
         elif name == "metrics":
             v = None if not v else json.dumps({k: _clean(k, x) for k, x in sorted(v.items())},
                                               sort_keys=True, allow_nan=True)
+        elif name == "findings":
+            v = json.dumps(list(v)) if v else None
         elif name == "seed":
             v = None if v is None else int(v)
         elif name in ("gate_ulp", "gate_bias"):
@@ -243,22 +247,27 @@ def write(gf: GoldenFile, rows: dict[tuple, dict], provenance: dict) -> bool:
     return True
 
 
-def write_results(path: str | Path, records: list[dict], provenance: dict) -> Path:
-    """All records of a run (golden columns + reason, golden verdict, repro...) to parquet."""
+def write_results(path: str | Path, records: list[Record], provenance: dict) -> Path:
+    """All records of a run (golden columns + diagnostics and verdicts) to parquet."""
     path = Path(path)
-    schema = SCHEMA
-    for name in RESULT_EXTRA:
-        if name not in schema.names:
-            schema = schema.append(pa.field(name, pa.string()))
-    rows = []
-    for r in records:
-        row = to_row(r)
-        for name in RESULT_EXTRA:
-            v = r.get(name)
-            row[name] = None if v is None else str(v)
-        rows.append(row)
-    atomic_write(path, _table(rows, provenance, schema))
+    rows = [to_row(r, tuple(RESULTS_SCHEMA.names)) for r in records]
+    atomic_write(path, _table(rows, provenance, RESULTS_SCHEMA))
     return path
+
+
+def read_results(path: str | Path) -> tuple[list[Record], dict[str, str]]:
+    """The records of a results file and its provenance (GoldenError on a bad file)."""
+    gf = read(path, results=True)
+    if not gf.exists:
+        raise GoldenError(f"{path}: no such results file; run numcheck run (or pytest with "
+                          f"--numcheck-results {path}) first")
+    return [Record.from_row(_decoded(r)) for r in gf.rows.values()], gf.provenance
+
+
+def _decoded(row: dict) -> dict:
+    if isinstance(row.get("findings"), str):
+        row = {**row, "findings": json.loads(row["findings"])}
+    return row
 
 
 # --- text ---------------------------------------------------------------------------------------

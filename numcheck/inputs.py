@@ -24,6 +24,7 @@ import itertools
 import math
 import re
 from collections.abc import Iterable, Mapping
+from typing import Any
 
 import torch
 from hypothesis import HealthCheck, Phase, settings
@@ -629,3 +630,22 @@ def distributions(exclude=()) -> st.SearchStrategy[str]:
 def seeds() -> st.SearchStrategy[int]:
     """Case seeds: 0 .. 2^31-1 (fits every RNG and reads well in a repro line)."""
     return st.integers(0, 2**31 - 1)
+
+
+def input_digest(exact: dict[str, torch.Tensor], kwargs: dict[str, Any]) -> str:
+    """16 hex digits over the case's exact inputs (names, dtypes, shapes, values) and kwargs:
+    a golden row whose digest differs saw other inputs, which is not a regression."""
+    h = hashlib.sha256()
+    for name in sorted(exact):
+        t = exact[name].detach().to("cpu").contiguous()
+        h.update(f"{name}:{t.dtype}:{tuple(t.shape)}".encode())
+        h.update(t.numpy().tobytes())
+    for name in sorted(kwargs):
+        v = kwargs[name]
+        if isinstance(v, torch.Tensor):
+            t = v.detach().to("cpu").contiguous()
+            h.update(f"{name}:{t.dtype}:{tuple(t.shape)}".encode())
+            h.update(t.numpy().tobytes())
+        else:
+            h.update(f"{name}={v!r}".encode())
+    return h.hexdigest()[:16]

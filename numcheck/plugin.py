@@ -12,13 +12,14 @@
 """
 from __future__ import annotations
 
-import json
 from collections import Counter, defaultdict
 from pathlib import Path
 
 import pytest
 
-CASE_SETS = ("quick", "full")
+from .cases import CASE_SETS
+from .records import Record, Status, failing, from_json
+
 _KEY = pytest.StashKey["_Run"]()
 # pytest_runtest_logreport receives no config: the plugin keeps the session's config here.
 _CONFIG: list[pytest.Config] = []
@@ -28,7 +29,7 @@ class _Run:
     """Records seen by this process (the controller under xdist)."""
 
     def __init__(self) -> None:
-        self.records: list[dict] = []
+        self.records: list[Record] = []
         self.status: Counter = Counter()
         self.golden: Counter = Counter()
         self.by_op: dict[str, Counter] = defaultdict(Counter)
@@ -38,17 +39,17 @@ class _Run:
         self.finish_lines: list[str] = []
         self.golden_error: str = ""
 
-    def add(self, records: list[dict], duration: float) -> None:
+    def add(self, records: list[Record], duration: float) -> None:
         self.records.extend(records)
         for r in records:
-            self.status[r["status"]] += 1
-            self.by_op[r["op"]][r["status"]] += 1
-            if r.get("golden"):
-                self.golden[r["golden"]] += 1
-            if r["status"] == "skipped":
-                self.skip_reasons[r["reason"]] += 1
+            self.status[r.status] += 1
+            self.by_op[r.op][r.status] += 1
+            if r.golden:
+                self.golden[r.golden] += 1
+            if r.status == Status.SKIPPED:
+                self.skip_reasons[r.reason] += 1
         if records:
-            self.seconds[records[0]["op"]] += duration
+            self.seconds[records[0].op] += duration
 
 
 def _opt(group, parser, name: str, help: str, ini_type: str | None = None, **kw) -> None:
@@ -176,7 +177,7 @@ def pytest_runtest_logreport(report: pytest.TestReport) -> None:
     if report.when != "call" and not (report.when == "setup" and report.skipped):
         return
     if full and _CONFIG:
-        _CONFIG[0].stash[_KEY].add(json.loads(full[-1]), report.duration)
+        _CONFIG[0].stash[_KEY].add(from_json(full[-1]), report.duration)
 
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
@@ -188,7 +189,7 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     from .errors import UsageError
 
     run.idle = [op for op, c in run.by_op.items()
-                if not (c["passed"] + c["failed"] + c["error"] + c["known"])]
+                if not sum(n for st, n in c.items() if st != Status.SKIPPED)]
     failed = bool(run.idle)
     prov = environment.provenance(suite_device(config))
     try:
@@ -197,13 +198,13 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
             run.finish_lines = rep.lines()
     except UsageError as e:  # a bad golden file: exit 2, results below still written
         run.golden_error = str(e)
-    bad = [r for r in run.records if r.get("golden") == "bad_golden"]
+    bad = [r for r in run.records if r.golden == "bad_golden"]
     if bad and not run.golden_error:
-        run.golden_error = bad[0]["golden_reason"]
+        run.golden_error = bad[0].golden_reason
     results = _get(config, "results")
     if results:
         from .golden import write_results
-        write_results(results, run.records, prov)
+        write_results(results, run.records, {**prov, "golden_mode": golden_mode(config)})
         run.finish_lines.append(f"results: {results} ({len(run.records)} records)")
     if run.golden_error:
         session.exitstatus = pytest.ExitCode.USAGE_ERROR
@@ -232,11 +233,11 @@ def pytest_terminal_summary(terminalreporter, exitstatus: int, config: pytest.Co
                       f"{c['skipped']:5} skipped  {run.seconds[op]:7.1f} s")
     for reason, n in run.skip_reasons.most_common(8):
         tr.write_line(f"  skipped {n:5}: {reason}")
+    mode = golden_mode(config)
     for r in run.records:
-        if r.get("golden") in ("regressed", "missing", "inputs_changed", "improved"):
-            tr.write_line(f"  {r['golden']:>14} {r['op']}/{r['kernel']}/{r['case_id']} "
-                          f"{r['output']}: {r.get('golden_reason', '')}",
-                          red=r["golden"] != "improved")
+        if r.golden in ("regressed", "missing", "inputs_changed", "improved"):
+            tr.write_line(f"  {r.golden.value:>14} {r.label}: {r.golden_reason}",
+                          red=failing(r, mode))
     for line in run.finish_lines:
         tr.write_line(f"  {line}")
     for op in run.idle:

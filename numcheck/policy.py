@@ -9,7 +9,8 @@ Every rule stands on its own (a bug present when goldens are refreshed is still 
   inherent (scale = |A||B| for GEMM, |x cos| + |y sin| for RoPE, ...);
 * truncation (rule 6): the mean ULP toward larger magnitude stays near 0 (truncation gives -0.5).
 
-Thresholds come with their source; ``Policy`` holds them per op.
+Thresholds come with their source; ``Policy`` holds them per op. ``OP_RULES`` is the ops
+family's side of the one verdict path (``numcheck.verdict``): these rules applied to a record.
 """
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ import math
 from dataclasses import dataclass, field
 
 from . import formats
+from .records import Record
 from .stats import ErrorStats
 
 # FlashAttention's own tests: error vs the fp32 reference <= 2x that of the same-precision
@@ -106,3 +108,30 @@ def judge(policy: Policy, k: ErrorStats, b: ErrorStats | None, *, what: str = "o
             v.fail(f"{what}: componentwise error {bound_ratio:.2f} x u*scale > {limit:.2f} "
                    f"(c={c:g}, baseline {baseline_bound_ratio or 0:.2f})")
     return v
+
+
+class OpRules:
+    """The ops family's rules (built-in and users' ops), for ``numcheck.verdict``."""
+
+    family = "ops"
+
+    def absolute(self, record: Record, policy: Policy | None = None) -> list[str]:
+        if record.kernel_stats is None:
+            return ["no statistics measured"]
+        grad = record.output != "out"
+        v = judge(policy or Policy(), record.kernel_stats, record.baseline_stats,
+                  what=record.output, compute=record.dtype,
+                  bound_ratio=None if math.isnan(record.bound_ratio) else record.bound_ratio,
+                  baseline_bound_ratio=None if math.isnan(record.baseline_bound_ratio)
+                  else record.baseline_bound_ratio,
+                  reduction_len=record.reduction_len, cond=record.cond, grad=grad)
+        return v.failures
+
+    def golden(self, old: dict, new: dict) -> tuple[list[str], list[str]]:
+        return [], []  # the common statistics rules (numcheck.regression) are the ops' rules
+
+    def section(self, records: list[Record], plot_path=None) -> str:
+        return ""  # the report's worst-cases table covers every family with error statistics
+
+
+OP_RULES = OpRules()

@@ -15,7 +15,7 @@ half bit grows the error by 19% or 41% of itself. Calibration: docs/golden-slack
     non-finite: any NaN/inf beyond the golden's, or a new class mismatch
     max ULP (ops whose policy gates ULPs): may grow by max(1, ceil(old / 4))
     |mean ULP toward larger magnitude| (ops gated for truncation): max(0.1, 4 / sqrt(n))
-    curves (rows with a series): a smoothed window outside the golden's band
+    plus each family's own golden rules (numcheck.verdict: curves leaving their band)
 
 Changed inputs (digest differs) are reported as such, never as a regression or improvement.
 """
@@ -24,7 +24,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-from . import golden
+from . import golden, verdict
 
 # Constants measured in docs/golden-slack-calibration.md (bench/calibrate_golden_slack.py,
 # 4710 benign rows: reordered/blocked fp32 sums, Welford, online softmax, split-K GEMM, ...):
@@ -113,8 +113,10 @@ def _nonfinite(row: dict) -> tuple[int, int]:
             row.get("kernel_nonfinite_mismatch") or 0)
 
 
-def compare_row(old: dict | None, new: dict) -> Change:
-    """The golden verdict of ``new`` (a golden-schema row) against ``old`` (None: no golden)."""
+def compare_row(old: dict | None, new: dict, family: str | None = None) -> Change:
+    """The golden verdict of ``new`` (a golden-schema row) against ``old`` (None: no golden):
+    the common statistics rules below plus the family's own golden rules (``family``: whose
+    rules, default from the row: ``numcheck.verdict.family_of_row``)."""
     key = golden.key_of(new)
     if old is None:
         return Change(key, "new", ["no golden row for this case"], None, new)
@@ -123,16 +125,7 @@ def compare_row(old: dict | None, new: dict) -> Change:
         return Change(key, "inputs_changed", [
             f"input digest {old['input_digest']} -> {new['input_digest']}: the case's inputs "
             "changed (generator, distribution or op input builder); refresh the golden"], old, new)
-    worse: list[str] = []
-    better: list[str] = []
-    if new.get("series") is not None and old.get("series") is not None:
-        from .convergence.gate import window_regression
-        band = old.get("series_band") or []
-        worse += window_regression(new["series"], old["series"], band, sides="upper")
-        # a curve that moved below its band (lower loss than recorded) is reported, not failed
-        better += [m.replace("above", "below").replace("by +", "by -") for m in window_regression(
-            [-v for v in new["series"]], [-v for v in old["series"]], band, sides="upper")
-            if "non-finite" not in m and "length" not in m]
+    worse, better = verdict.rules(family or verdict.family_of_row(new)).golden(old, new)
     if new.get("status") == "error" and old.get("status") != "error":
         worse.append(f"the kernel now fails to run ({old.get('status')} -> error)")
     if new.get("kernel_n") is None or old.get("kernel_n") is None:

@@ -4,6 +4,9 @@ from __future__ import annotations
 import math
 from typing import TYPE_CHECKING
 
+from .records import Golden, Record, Status, failing
+from .verdict import sections
+
 if TYPE_CHECKING:
     from .run import Verification
 
@@ -20,31 +23,33 @@ def verification_table(v: "Verification") -> str:
            f"{'maxULP':>7}  reason"
     lines = [f"{v.op} / {v.kernel} on {v.device} ({v.cases}): {v.executed} case(s) run", head]
     for r in v.records:
+        k, b = r.kernel_stats, r.baseline_stats
         lines.append(
-            f"{r['case_id'][:46]:46} {r['output'][:9]:9} {r['status']:7} "
-            f"{_db(r.get('kernel_sqnr_db')):>8} {_db(r.get('baseline_sqnr_db')):>8} "
-            f"{_db(r.get('kernel_min_block_sqnr_db')):>7} {r.get('kernel_max_ulp', '-')!s:>7}  "
-            f"{r['reason']}" + (f" [golden {r['golden']}: {r.get('golden_reason', '')}]"
-                                if r.get("golden") not in (None, "same") else ""))
-    n_fail = len(v.failures)
-    skipped = sum(r["status"] == "skipped" for r in v.records)
+            f"{r.case_id[:46]:46} {r.output[:9]:9} {r.status.value:7} "
+            f"{_db(k and k.sqnr_db):>8} {_db(b and b.sqnr_db):>8} "
+            f"{_db(k and k.min_block_sqnr_db):>7} {k.max_ulp if k else '-'!s:>7}  "
+            f"{r.reason}" + (f" [golden {r.golden}: {r.golden_reason}]"
+                             if r.golden not in (None, Golden.SAME) else ""))
+    failures = v.failures
+    skipped = sum(r.status == Status.SKIPPED for r in v.records)
     verdict = "PASSED" if v.passed else "FAILED"
     if v.executed == 0:
         verdict += " (nothing executed: every case skipped)"
-    lines.append(f"{verdict}: {len(v.records) - n_fail - skipped} passed, {n_fail} failed, "
-                 f"{skipped} skipped")
-    for r in v.failures:
-        lines.append(f"  FAIL {r['case_id']} {r['output']}: {r['reason']}")
-        if r.get("worst_elements"):
-            lines.append(f"    worst elements: {r['worst_elements']}")
-        if r.get("kernel_worst_block", -1) >= 0:
-            lines.append(f"    worst block #{r['kernel_worst_block']} of "
-                         f"{r.get('kernel_n_blocks')} ({r.get('kernel_min_block_sqnr_db', 0):.1f} dB)")
-        if r.get("numerics"):
-            lines.append(f"    numerics: {r['numerics']}")
-        if r.get("saved_inputs"):
-            lines.append(f"    inputs saved: {r['saved_inputs']}")
-        lines.append(f"    repro: {r['repro']}")
+    lines.append(f"{verdict}: {len(v.records) - len(failures) - skipped} passed, "
+                 f"{len(failures)} failed, {skipped} skipped")
+    for r in failures:
+        lines.append(f"  FAIL {r.case_id} {r.output}: {r.reason}")
+        if r.worst_elements:
+            lines.append(f"    worst elements: {r.worst_elements}")
+        k = r.kernel_stats
+        if k is not None and k.worst_block >= 0:
+            lines.append(f"    worst block #{k.worst_block} of {k.n_blocks} "
+                         f"({k.min_block_sqnr_db:.1f} dB)")
+        if r.numerics:
+            lines.append(f"    numerics: {r.numerics}")
+        if r.saved_inputs:
+            lines.append(f"    inputs saved: {r.saved_inputs}")
+        lines.append(f"    repro: {r.repro}")
     return "\n".join(lines)
 
 
@@ -79,16 +84,19 @@ def _cell(x) -> str:
     return str(x).replace("|", "\\|")
 
 
-def markdown_report(rows: list[dict], provenance: dict, *, worst_per_op: int = 3,
+def markdown_report(records: list[Record], provenance: dict, *, worst_per_op: int = 3,
                     plot_path=None) -> str:
     """The PR-comment report of a results file: summary, failures and regressions with their
-    repro commands, and the worst cases per op (kernel error over baseline error)."""
+    repro commands, the worst cases per op (kernel error over baseline error) and each
+    family's section (numcheck.verdict). Failing means ``failing`` in the run's golden mode
+    (provenance ``golden_mode``; strict when unknown)."""
     from collections import Counter
 
-    status = Counter(r.get("status") for r in rows)
-    gold = Counter(r.get("golden") for r in rows if r.get("golden"))
+    mode = provenance.get("golden_mode", "strict")
+    status = Counter(r.status for r in records)
+    gold = Counter(r.golden for r in records if r.golden)
     out = ["## numcheck report", "",
-           f"{len(rows)} records on `{provenance.get('device_class', '?')}` "
+           f"{len(records)} records on `{provenance.get('device_class', '?')}` "
            f"({provenance.get('device_name', '?')}, {provenance.get('cpu_isa', '')}), "
            f"numcheck {provenance.get('numcheck', '?')}, torch {provenance.get('torch', '?')}, "
            f"{provenance.get('date', '')}", "",
@@ -98,18 +106,17 @@ def markdown_report(rows: list[dict], provenance: dict, *, worst_per_op: int = 3
            f"| {status['passed']} | {status['failed']} | {status['error']} | {status['known']} | "
            f"{status['skipped']} | {gold['regressed']} | {gold['improved']} | {gold['new']} | "
            f"{gold['missing']} | {gold['inputs_changed']} |", ""]
-    bad = [r for r in rows if r.get("status") in ("failed", "error")
-           or r.get("golden") in ("regressed", "missing", "inputs_changed")]
+    bad = [r for r in records if failing(r, mode)]
     if bad:
         out += ["### Failures and regressions", ""]
-        for r in sorted(bad, key=lambda r: (r.get("golden") != "regressed", r.get("op"),
-                                            r.get("kernel"), r.get("case_id"))):
-            why = r.get("reason") if r.get("status") in ("failed", "error") else ""
-            if r.get("golden") not in (None, "same", "new", "improved"):
-                why = (why + "; " if why else "") + f"golden {r['golden']}: {r.get('golden_reason')}"
-            out.append(f"- **{r['op']}/{r['kernel']}** `{r['case_id']}` {r.get('output')}: {why}")
-            if r.get("repro"):
-                out.append(f"  - repro: `{r['repro']}`")
+        for r in sorted(bad, key=lambda r: (r.golden != Golden.REGRESSED, r.op, r.kernel,
+                                            r.case_id)):
+            why = r.reason if r.status in (Status.FAILED, Status.ERROR) else ""
+            if r.golden not in (None, Golden.SAME, Golden.NEW, Golden.IMPROVED):
+                why = (why + "; " if why else "") + f"golden {r.golden}: {r.golden_reason}"
+            out.append(f"- **{r.op}/{r.kernel}** `{r.case_id}` {r.output}: {why}")
+            if r.repro:
+                out.append(f"  - repro: `{r.repro}`")
         out.append("")
     else:
         out += ["No failures and no golden regressions.", ""]
@@ -119,101 +126,19 @@ def markdown_report(rows: list[dict], provenance: dict, *, worst_per_op: int = 3
             "| op | kernel | case | output | SQNR dB | baseline dB | worst block dB | ratio |",
             "|---|---|---|---|---:|---:|---:|---:|"]
     by_op: dict[str, list] = {}
-    for r in rows:
-        k, b = r.get("kernel_rel_l2"), r.get("baseline_rel_l2")
-        if r.get("series") is not None or k is None or b is None or not b or \
-                not math.isfinite(k) or not math.isfinite(b):
+    for r in records:
+        k, b = r.kernel_stats, r.baseline_stats
+        if k is None or b is None or not b.rel_l2 or not math.isfinite(k.rel_l2) or \
+                not math.isfinite(b.rel_l2):
             continue
-        by_op.setdefault(r["op"], []).append((k / b, r))
+        by_op.setdefault(r.op, []).append((k.rel_l2 / b.rel_l2, r))
     for op in sorted(by_op):
         for ratio, r in sorted(by_op[op], key=lambda t: -t[0])[:worst_per_op]:
-            out.append(f"| {op} | {r['kernel']} | `{r['case_id']}` | {r.get('output')} | "
-                       f"{_cell(r.get('kernel_sqnr_db'))} | {_cell(r.get('baseline_sqnr_db'))} | "
-                       f"{_cell(r.get('kernel_min_block_sqnr_db'))} | {ratio:.2f} |")
-    extra = extra_sections(rows, plot_path)
+            k, b = r.kernel_stats, r.baseline_stats
+            out.append(f"| {op} | {r.kernel} | `{r.case_id}` | {r.output} | "
+                       f"{_cell(k.sqnr_db)} | {_cell(b.sqnr_db)} | "
+                       f"{_cell(k.min_block_sqnr_db)} | {ratio:.2f} |")
+    extra = sections(records, plot_path)
     if extra:
         out += ["", extra]
     return "\n".join(out) + "\n"
-
-
-# --- quantization and convergence sections ------------------------------------------------------
-
-def _metrics(r: dict) -> dict:
-    m = r.get("metrics") or {}
-    if isinstance(m, str):
-        import json
-        m = json.loads(m)
-    return m
-
-
-def convergence_table(rows: list[dict]) -> str:
-    """Markdown: per model and recipe, the mean window loss gap (after warm-up) to bf16 and to
-    fp32, the largest saturated fraction and gradient bias, and the verdict."""
-    conv = [r for r in rows if r.get("suite") == "convergence" and r.get("series") is not None]
-    if not conv:
-        return ""
-
-    def pct(v):
-        return "-" if v is None or not math.isfinite(v) else f"{100 * v:+.2f}%"
-
-    out = ["| model | recipe | gap to bf16 | gap to fp32 | max saturated | grad bias | status |",
-           "|---|---|---:|---:|---:|---:|---|"]
-    for r in sorted(conv, key=lambda r: (r["op"], r["kernel"])):
-        m = _metrics(r)
-        out.append(f"| {r['op']} | {r['kernel']} | {pct(m.get('gap_bf16_mean'))} | "
-                   f"{pct(m.get('gap_fp32_mean'))} | {pct(m.get('sat_max'))} | "
-                   f"{pct(m.get('grad_bias_mean'))} | {r.get('status')} |")
-    return "\n".join(out)
-
-
-def convergence_plot(rows: list[dict], path) -> list[str]:
-    """One PNG per model: each recipe's seed-mean loss minus the fp32 reference's, per step,
-    with its band across seeds shaded; returns the paths written."""
-    conv = [r for r in rows if r.get("suite") == "convergence" and r.get("series")]
-    if not conv:
-        return []
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    from pathlib import Path
-
-    written = []
-    for model in sorted({r["op"] for r in conv}):
-        fig, ax = plt.subplots(figsize=(8, 4.5), dpi=100)
-        for r in sorted((r for r in conv if r["op"] == model), key=lambda r: r["kernel"]):
-            s = [float(v) for v in r["series"]]
-            b = [float(v) for v in (r.get("series_band") or [0.0] * len(s))]
-            steps = range(len(s))
-            line, = ax.plot(steps, s, lw=1.2, label=r["kernel"])
-            ax.fill_between(steps, [a - c for a, c in zip(s, b)], [a + c for a, c in zip(s, b)],
-                            color=line.get_color(), alpha=0.15)
-        ax.axhline(0.0, color="k", lw=0.8)
-        ax.set(xlabel="step", ylabel="loss - fp32 loss (seed mean, band: seed spread)",
-               title=f"convergence: {model}")
-        ax.legend(fontsize=7, ncol=2)
-        p = Path(path).with_name(f"{Path(path).stem}-{model}.png")
-        p.parent.mkdir(parents=True, exist_ok=True)
-        fig.tight_layout()
-        fig.savefig(p)
-        plt.close(fig)
-        written.append(str(p))
-    return written
-
-
-def extra_sections(rows: list[dict], plot_path=None) -> str:
-    """The quantization SQNR tables and the convergence table (and plots) of a results file."""
-    from .quant.suite import sqnr_table
-
-    parts = []
-    q = sqnr_table(rows)
-    if q:
-        parts += ["### Quantization", "", q, ""]
-    c = convergence_table(rows)
-    if c:
-        parts += ["### Convergence (loss gap per recipe)", "", c, ""]
-        if plot_path is not None:
-            for p in convergence_plot(rows, plot_path):
-                from pathlib import Path
-                parts.append(f"![{Path(p).stem}]({Path(p).name})")
-            parts.append("")
-    return "\n".join(parts)

@@ -10,7 +10,6 @@ raises, or returns the wrong shape, dtype or device, fails that case by name; th
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import json
 import math
 import traceback
@@ -20,36 +19,38 @@ from typing import Any
 
 import torch
 
-from . import environment, formats, inputs, numerics
+from . import environment, formats, inputs, numerics, verdict
+from .cases import Case, check_case_set
+from .catalog import as_kernel, get_op, kernels
 from .errors import UsageError
-from .ops import Case, Kernel, OpSpec, as_kernel, get_op
-from .policy import Verdict, judge
-from .stats import ErrorStats, error_stats
+from .records import Golden, Record, Status, failing
+from .registry import Kernel, OpSpec
+from .stats import error_stats
 
 N_WORST = 5  # worst elements listed in a failing record
-_STAT_FIELDS = [f.name for f in dataclasses.fields(ErrorStats)]
 
 
 @dataclass
 class Verification:
-    """Result of ``nc.verify``: ``passed``, ``records`` (one dict per case and output),
-    ``failures`` (the records that failed or errored). Records with status "known" failed a
-    rule where the kernel declares a documented weakness: reported, not counted as failures."""
+    """Result of ``nc.verify``: ``passed``, ``records`` (one ``Record`` per case and output),
+    ``failures`` (the records that fail: ``numcheck.records.failing`` in the run's golden mode).
+    Records with status "known" failed a rule where the kernel declares a documented weakness:
+    reported, not counted as failures."""
 
     op: str
     kernel: str
     device: str
     cases: str
-    records: list[dict]
+    records: list[Record]
+    mode: str = "check"  # the golden mode the records were judged in
 
     @property
     def executed(self) -> int:
-        return len({r["case_id"] for r in self.records if r["status"] != "skipped"})
+        return len({r.case_id for r in self.records if r.status != Status.SKIPPED})
 
     @property
-    def failures(self) -> list[dict]:
-        return [r for r in self.records if r["status"] in ("failed", "error")
-                or r.get("golden") in ("regressed", "missing")]
+    def failures(self) -> list[Record]:
+        return [r for r in self.records if failing(r, self.mode)]
 
     @property
     def passed(self) -> bool:
@@ -73,11 +74,11 @@ def _torch_dtype(name: str) -> torch.dtype:
 
 
 def _kernel_ref(kern: Kernel) -> str:
-    fn = kern.fn
-    mod = getattr(fn, "__module__", "")
-    if mod.startswith("numcheck.ops"):
+    """What ``--kernel`` takes: a registered kernel's name, else module:qualname."""
+    if kernels(kern.op).get(kern.name) is kern:
         return kern.name
-    return f"{mod}:{getattr(fn, '__qualname__', kern.name)}"
+    fn = kern.fn
+    return f"{getattr(fn, '__module__', '')}:{getattr(fn, '__qualname__', kern.name)}"
 
 
 def repro_command(op: str, kern: Kernel, case: Case, device: str) -> str:
@@ -102,39 +103,18 @@ def case_from_json(op: str, text: str) -> Case:
                          f"optional params ({type(e).__name__}: {e})") from e
 
 
-def _base_record(spec: OpSpec, kern: Kernel, case: Case, device: str) -> dict[str, Any]:
-    return {
-        "op": spec.name, "kernel": kern.name, "case_id": case.id, "output": "out",
-        "dtype": case.dtype, "shape": "x".join(map(str, case.shape)), "dist": case.dist,
-        "seed": case.seed, "params": ",".join(f"{k}={v}" for k, v in case.params),
-        "device": device, "device_class": environment.device_class(device),
-        "status": "skipped", "reason": "",
-    }
+def _base_record(spec: OpSpec, kern: Kernel, case: Case, device: str) -> Record:
+    return Record(
+        family="ops", op=spec.name, kernel=kern.name,
+        case_id=case.id, dtype=case.dtype, shape="x".join(map(str, case.shape)), dist=case.dist,
+        seed=case.seed, params=",".join(f"{k}={v}" for k, v in case.params), device=device,
+        device_class=environment.device_class(device),
+        repro=repro_command(spec.name, kern, case, device))
 
 
-def input_digest(exact: dict[str, torch.Tensor], kwargs: dict[str, Any]) -> str:
-    """16 hex digits over the case's exact inputs (names, dtypes, shapes, values) and kwargs:
-    a golden row whose digest differs saw other inputs, which is not a regression."""
-    h = hashlib.sha256()
-    for name in sorted(exact):
-        t = exact[name].detach().to("cpu").contiguous()
-        h.update(f"{name}:{t.dtype}:{tuple(t.shape)}".encode())
-        h.update(t.numpy().tobytes())
-    for name in sorted(kwargs):
-        v = kwargs[name]
-        if isinstance(v, torch.Tensor):
-            t = v.detach().to("cpu").contiguous()
-            h.update(f"{name}:{t.dtype}:{tuple(t.shape)}".encode())
-            h.update(t.numpy().tobytes())
-        else:
-            h.update(f"{name}={v!r}".encode())
-    return h.hexdigest()[:16]
-
-
-def _stat_columns(prefix: str, s: ErrorStats | None) -> dict[str, Any]:
-    if s is None:
-        return {}
-    return {f"{prefix}_{k}": v for k, v in s.as_dict().items()}
+def _out_dtypes(spec: OpSpec, case: Case) -> tuple[torch.dtype, ...]:
+    """Output dtypes a kernel may return for the case (default: its compute dtype)."""
+    return tuple(spec.out_dtypes(case)) if spec.out_dtypes else (_torch_dtype(case.dtype),)
 
 
 def _worst_elements(out: torch.Tensor, ref: torch.Tensor, scale: torch.Tensor | None) -> str:
@@ -155,43 +135,69 @@ def _worst_elements(out: torch.Tensor, ref: torch.Tensor, scale: torch.Tensor | 
     return "; ".join(parts)
 
 
-def _bound_ratio(out: torch.Tensor, ref: torch.Tensor, scale: torch.Tensor | None,
-                 fmt: str) -> float | None:
-    if scale is None:
-        return None
+def _bound_ratio(out: torch.Tensor, ref: torch.Tensor, scale: torch.Tensor, fmt: str) -> float:
+    """max |out - ref| / (u * scale) over the elements where both are finite (NaN: none)."""
     u = formats.get(fmt).unit_roundoff
     o = out.detach().to("cpu", torch.float64)
     fin = torch.isfinite(o) & torch.isfinite(ref)
     if not bool(fin.any()):
-        return None
+        return math.nan
     err = (o - ref).abs()[fin]
     # An exact zero scale admits no error at all; 1e-300 keeps the ratio finite but huge.
     return float((err / (u * scale[fin]).clamp(min=1e-300)).max())
 
 
 def _check_output(out: Any, like: torch.Tensor, device: str, allowed: tuple[torch.dtype, ...],
-                  what: str) -> str | None:
+                  what: str) -> None:
+    """A kernel's result must be a tensor of the reference's shape, on the device, in an
+    allowed dtype; anything else fails the case by name (_KernelFailed)."""
     if not isinstance(out, torch.Tensor):
-        return f"{what}: kernel returned {type(out).__name__}, expected a torch.Tensor"
-    if tuple(out.shape) != tuple(like.shape):
-        return f"{what}: kernel returned shape {tuple(out.shape)}, expected {tuple(like.shape)}"
-    if out.device.type != torch.device(device).type:
-        return f"{what}: kernel returned a tensor on {out.device}, expected {device}"
-    if out.dtype not in allowed:
-        return (f"{what}: kernel returned dtype {out.dtype}, expected "
-                f"{' or '.join(map(str, allowed))}")
-    return None
+        bad = f"kernel returned {type(out).__name__}, expected a torch.Tensor"
+    elif tuple(out.shape) != tuple(like.shape):
+        bad = f"kernel returned shape {tuple(out.shape)}, expected {tuple(like.shape)}"
+    elif out.device.type != torch.device(device).type:
+        bad = f"kernel returned a tensor on {out.device}, expected {device}"
+    elif out.dtype not in allowed:
+        bad = f"kernel returned dtype {out.dtype}, expected {' or '.join(map(str, allowed))}"
+    else:
+        return
+    raise _KernelFailed(f"{what}: {bad}")
 
 
-def run_case(spec: OpSpec, kern: Kernel, case: Case, device: str, *,
-             save_dir: str | Path | None = None) -> list[dict[str, Any]]:
-    """Run one case; returns one record for the output and one per gradient argument."""
-    rec = _base_record(spec, kern, case, device)
-    rec["repro"] = repro_command(spec.name, kern, case, device)
-    reason = kern.skip_reason(case, device)
-    if reason:
-        rec["reason"] = reason
-        return [rec]
+@dataclass
+class _Prepared:
+    """A case's inputs: on the device (kernel, baseline), exact float64 (reference), kwargs."""
+
+    dev_in: dict[str, torch.Tensor]
+    exact: dict[str, torch.Tensor]
+    kwargs: dict[str, Any]  # as the reference gets them (CPU)
+    dkw: dict[str, Any]  # as kernel and baseline get them (on the device)
+    grads: tuple[str, ...]  # tensor args whose gradients are judged
+    ref_in: dict[str, torch.Tensor] | None = None  # the reference's float64 leaves
+    ref: torch.Tensor | None = None  # FP64 on the CPU, the same on every device
+
+
+@dataclass
+class _Output:
+    """One judged output (the result or a gradient): kernel, baseline and FP64 reference."""
+
+    name: str  # "out" or "grad_<arg>"
+    kernel: torch.Tensor
+    baseline: torch.Tensor
+    ref: torch.Tensor
+    allowed: tuple[torch.dtype, ...]
+    scale: torch.Tensor | None = None  # componentwise magnitude (rule 5), forward only
+
+
+class _KernelFailed(Exception):
+    """The kernel raised or returned a wrong tensor: the case's record is an error."""
+
+    def __init__(self, reason: str, tb: str = ""):
+        super().__init__(reason)
+        self.reason, self.tb = reason, tb
+
+
+def _prepare(spec: OpSpec, kern: Kernel, case: Case, device: str) -> _Prepared:
     tensors, kwargs = spec.make_inputs(case)
     dev_in: dict[str, torch.Tensor] = {}
     exact: dict[str, torch.Tensor] = {}
@@ -203,147 +209,126 @@ def run_case(spec: OpSpec, kern: Kernel, case: Case, device: str, *,
     # Non-float tensors (masks, class targets) ride in kwargs unrounded: the reference gets them
     # on the CPU, kernel and baseline on the device.
     dkw = {k: v.to(device) if isinstance(v, torch.Tensor) else v for k, v in kwargs.items()}
-    rec["input_digest"] = input_digest(exact, kwargs)
-    grads = () if kern.forward_only else tuple(
-        a for a in spec.grad_args if a not in (spec.skip_grads(case) if spec.skip_grads else ()))
-    allowed = spec_out_dtypes(spec, case)
+    grads = () if kern.forward_only else spec.judged_grads(case)
+    return _Prepared(dev_in, exact, kwargs, dkw, grads)
 
-    # FP64 reference on the CPU (the same on every device), with autograd for the grads.
-    leaves = {n: e.clone().requires_grad_(n in grads) for n, e in exact.items()}
+
+def _leaves(tensors: dict[str, torch.Tensor], grads: tuple[str, ...]) -> dict[str, torch.Tensor]:
+    return {n: (t.detach().clone().requires_grad_(True) if n in grads else t)
+            for n, t in tensors.items()}
+
+
+def _execute(spec: OpSpec, kern: Kernel, case: Case, device: str, p: _Prepared) -> list[_Output]:
+    """Kernel, baseline and FP64 reference, forward and backward (the same upstream gradient,
+    rounded to the output dtype, for all three). Raises _KernelFailed."""
+    ref_in, ref = p.ref_in, p.ref
+    kin, bin_ = _leaves(p.dev_in, p.grads), _leaves(p.dev_in, p.grads)
     try:
-        ref = spec.reference(**leaves, **kwargs)
-    except Exception as e:  # the op's own code failed: report it, keep the other cases
-        rec.update(status="error", reason=f"reference raised {type(e).__name__}: {e}")
-        return [rec]
+        out = kern.fn(**kin, **p.dkw)
+    except Exception as e:
+        raise _KernelFailed(f"kernel {kern.name} raised {type(e).__name__}: {e}",
+                            traceback.format_exc(limit=-3)) from e
+    _check_output(out, ref, device, _out_dtypes(spec, case), "out")
+    base = spec.baseline(**bin_, **p.dkw)
+    scale = spec.scale(**p.exact, **p.kwargs) if spec.scale is not None else None
+    outs = [_Output("out", out, base, ref, _out_dtypes(spec, case), scale)]
+    if not p.grads:
+        return outs
+    g64 = inputs.draw("normal", tuple(ref.shape), seed=inputs.seed_for(case.id),
+                      stream="grad_out")
+    g_dev, g_exact = inputs.cast(g64, out.dtype, device)
+    try:
+        if kern.backward is not None:
+            kg = kern.backward(g_dev, **{n: t.detach() for n, t in kin.items()}, **p.dkw)
+        else:
+            kg = torch.autograd.grad(out, [kin[n] for n in p.grads], g_dev, allow_unused=True)
+    except Exception as e:
+        raise _KernelFailed(f"kernel {kern.name} backward raised {type(e).__name__}: {e}",
+                            traceback.format_exc(limit=-3)) from e
+    bg = torch.autograd.grad(base, [bin_[n] for n in p.grads], g_dev.to(base.dtype),
+                             allow_unused=True)
+    rg = torch.autograd.grad(ref, [ref_in[n] for n in p.grads], g_exact, allow_unused=True)
+    for name, k, b, r in zip(p.grads, kg, bg, rg):
+        if r is None:  # the reference does not depend on it: nothing to judge
+            continue
+        k = torch.zeros_like(p.dev_in[name]) if k is None else k
+        b = torch.zeros_like(r, dtype=k.dtype, device=k.device) if b is None else b
+        outs.append(_Output(f"grad_{name}", k, b, r, (p.dev_in[name].dtype,)))
+    return outs
 
-    with numerics.pinned() as state:
-        rec["numerics"] = state.describe()
-        kin = {n: (t.detach().clone().requires_grad_(n in grads) if n in grads else t)
-               for n, t in dev_in.items()}
-        try:
-            out = kern.fn(**kin, **dkw)
-        except Exception as e:
-            rec.update(status="error", reason=f"kernel {kern.name} raised {type(e).__name__}: "
-                       f"{e}", traceback=traceback.format_exc(limit=-3))
-            return [rec]
-        bad = _check_output(out, ref, device, allowed, "out")
-        if bad:
-            rec.update(status="error", reason=bad)
-            return [rec]
-        bin_ = {n: (t.detach().clone().requires_grad_(True) if n in grads else t)
-                for n, t in dev_in.items()}
-        base = spec.baseline(**bin_, **dkw)
 
-        # Backward: the same upstream gradient, rounded to the output dtype, for all three.
-        kgrads = bgrads = rgrads = None
-        if grads:
-            g64 = inputs.draw("normal", tuple(ref.shape), seed=inputs.seed_for(case.id),
-                              stream="grad_out")
-            g_dev, g_exact = inputs.cast(g64, out.dtype, device)
-            try:
-                if kern.backward is not None:
-                    kgrads = kern.backward(g_dev, **{n: t.detach() for n, t in kin.items()},
-                                           **dkw)
-                else:
-                    kgrads = torch.autograd.grad(out, [kin[n] for n in grads], g_dev,
-                                                 allow_unused=True)
-            except Exception as e:
-                rec.update(status="error", reason=f"kernel {kern.name} backward raised "
-                           f"{type(e).__name__}: {e}", traceback=traceback.format_exc(limit=-3))
-                return [rec]
-            bgrads = torch.autograd.grad(base, [bin_[n] for n in grads],
-                                         g_dev.to(base.dtype), allow_unused=True)
-            rgrads = torch.autograd.grad(ref, [leaves[n] for n in grads], g_exact,
-                                         allow_unused=True)
-
-    ref = ref.detach()
-    out_fmt = formats.get(out.dtype).name
-    records = []
-    scale = spec.scale(**exact, **kwargs) if spec.scale is not None else None
-    blocks = spec.blocks(case, ref.shape)
-    ks = error_stats(out.detach(), ref, blocks=blocks)
-    bs = error_stats(base.detach().to(out.dtype), ref, blocks=blocks)
-    ratio = _bound_ratio(out, ref, scale, out_fmt)
-    bratio = _bound_ratio(base.to(out.dtype), ref, scale, out_fmt)
-    cond = 1.0
-    if scale is not None:
-        fin = torch.isfinite(ref) & torch.isfinite(scale)
+def _measure(spec: OpSpec, kern: Kernel, case: Case, device: str, o: _Output,
+             base: Record) -> Record:
+    """ErrorStats of kernel and baseline against the reference, and the verdict's inputs."""
+    _check_output(o.kernel, o.ref, device, o.allowed, o.name)
+    ref = o.ref.detach()
+    out = o.kernel.detach()
+    blocks = spec.blocks_for(case, ref.shape)
+    ks = error_stats(out, ref, blocks=blocks)
+    bs = error_stats(o.baseline.detach().to(out.dtype), ref, blocks=blocks)
+    grad = o.name != "out"
+    rec = base.replace(output=o.name, kernel_stats=ks, baseline_stats=bs,
+                       known=kern.known(case, device, o.name) or "")
+    # the unit roundoff of the verdict: the coarser of the output's and the compute format's
+    rec.u = max(formats.get(ks.fmt).unit_roundoff, formats.get(case.dtype).unit_roundoff)
+    rec.gate_ulp = spec.policy.max_ulp is not None and not grad
+    rec.gate_bias = spec.policy.truncation_ulp is not None and not grad
+    if o.scale is not None:
+        rec.bound_ratio = _bound_ratio(out, ref, o.scale, ks.fmt)
+        rec.baseline_bound_ratio = _bound_ratio(o.baseline.detach().to(out.dtype), ref,
+                                                o.scale, ks.fmt)
+        fin = torch.isfinite(ref) & torch.isfinite(o.scale)
         rn = float(ref[fin].norm())
-        cond = float(scale[fin].norm()) / rn if rn > 0 else 1.0
-    verdict = judge(spec.policy, ks, bs, what="out", compute=case.dtype, bound_ratio=ratio,
-                    baseline_bound_ratio=bratio, cond=cond,
-                    reduction_len=spec.reduction_len(case) if spec.reduction_len else 0)
-    rec.update(_stat_columns("kernel", ks))
-    rec.update(_stat_columns("baseline", bs))
-    rec.update(_verdict_inputs(spec, case, out_fmt, grad=False))
-    rec["bound_ratio"] = ratio if ratio is not None else math.nan
-    rec["baseline_bound_ratio"] = bratio if bratio is not None else math.nan
-    records.append(_finish(rec, verdict, out, ref, scale, kern, case, device))
-
-    for i, name in enumerate(grads):
-        grec = dict(_base_record(spec, kern, case, device), output=f"grad_{name}",
-                    repro=rec["repro"], numerics=rec["numerics"],
-                    input_digest=rec["input_digest"])
-        kg, bg, rg = kgrads[i], bgrads[i], rgrads[i]
-        if rg is None:
-            continue
-        rg = rg.detach()
-        if kg is None:
-            kg = torch.zeros_like(dev_in[name])
-        bad = _check_output(kg, rg, device, (dev_in[name].dtype,), f"grad_{name}")
-        if bad:
-            grec.update(status="error", reason=bad)
-            records.append(grec)
-            continue
-        bg = torch.zeros_like(rg, dtype=kg.dtype, device=kg.device) if bg is None else bg
-        gblocks = spec.blocks(case, rg.shape)
-        gks = error_stats(kg.detach(), rg, blocks=gblocks)
-        gbs = error_stats(bg.detach().to(kg.dtype), rg, blocks=gblocks)
-        gv = judge(spec.policy, gks, gbs, what=f"grad_{name}", compute=case.dtype, grad=True)
-        grec.update(_stat_columns("kernel", gks))
-        grec.update(_stat_columns("baseline", gbs))
-        grec.update(_verdict_inputs(spec, case, gks.fmt, grad=True))
-        grec["bound_ratio"] = grec["baseline_bound_ratio"] = math.nan
-        records.append(_finish(grec, gv, kg, rg, None, kern, case, device))
-
-    if save_dir is not None and any(r["status"] != "passed" for r in records):
-        _save_inputs(Path(save_dir), spec, kern, case, exact, kwargs, records)
-    return records
-
-
-def _verdict_inputs(spec: OpSpec, case: Case, out_fmt: str, grad: bool) -> dict[str, Any]:
-    """What the golden regression needs from the verdict: its unit roundoff (the coarser of
-    the output's and the compute format's, as ``judge``) and which per-op rules bind."""
-    u = max(formats.get(out_fmt).unit_roundoff, formats.get(case.dtype).unit_roundoff)
-    return {"u": u, "gate_ulp": spec.policy.max_ulp is not None and not grad,
-            "gate_bias": spec.policy.truncation_ulp is not None and not grad}
-
-
-def spec_out_dtypes(spec: OpSpec, case: Case) -> tuple[torch.dtype, ...]:
-    return tuple(spec.out_dtypes(case)) if spec.out_dtypes else (_torch_dtype(case.dtype),)
-
-
-def _finish(rec: dict, verdict: Verdict, out: torch.Tensor, ref: torch.Tensor,
-            scale: torch.Tensor | None, kern: Kernel, case: Case, device: str) -> dict:
-    rec["status"] = "passed" if verdict.passed else "failed"
-    rec["reason"] = " | ".join(verdict.failures)
-    if not verdict.passed:
-        rec["worst_elements"] = _worst_elements(out, ref, scale)
-        known = kern.known_failure(case, device, rec["output"]) if kern.known_failure else None
-        if known:
-            rec["status"] = "known"
-            rec["reason"] = f"known weakness ({known}): {rec['reason']}"
+        rec.cond = float(o.scale[fin].norm()) / rn if rn > 0 else 1.0
+        rec.reduction_len = float(spec.reduction_len(case)) if spec.reduction_len else 0.0
+    verdict.judge(rec, spec.policy)
+    if rec.status != Status.PASSED:
+        rec.worst_elements = _worst_elements(out, ref, o.scale)
     return rec
+
+
+def run_case(spec: OpSpec, kern: Kernel, case: Case, device: str, *,
+             save_dir: str | Path | None = None) -> list[Record]:
+    """Run one case; returns one judged record for the output and one per gradient."""
+    base = _base_record(spec, kern, case, device)
+    reason = kern.skip_reason(case, device)
+    if reason:
+        return [base.replace(status=Status.SKIPPED, reason=reason)]
+    p = _prepare(spec, kern, case, device)
+    base.input_digest = inputs.input_digest(p.exact, p.kwargs)
+    p.ref_in = _leaves(p.exact, p.grads)
+    try:
+        p.ref = spec.reference(**p.ref_in, **p.kwargs)
+    except Exception as e:  # the op's own code failed: report it, keep the other cases
+        return [base.replace(status=Status.ERROR,
+                             reason=f"reference raised {type(e).__name__}: {e}")]
+    records: list[Record] = []
+    with numerics.pinned() as state:
+        base.numerics = state.describe()
+        try:
+            outputs = _execute(spec, kern, case, device, p)
+        except _KernelFailed as e:
+            return [base.replace(status=Status.ERROR, reason=e.reason, traceback=e.tb)]
+    for o in outputs:
+        try:
+            records.append(_measure(spec, kern, case, device, o, base))
+        except _KernelFailed as e:
+            records.append(base.replace(output=o.name, status=Status.ERROR, reason=e.reason))
+            if o.name == "out":
+                break
+    if save_dir is not None and any(r.status != Status.PASSED for r in records):
+        _save_inputs(Path(save_dir), spec, kern, case, p.exact, p.kwargs, records)
+    return records
 
 
 def _save_inputs(root: Path, spec, kern, case, exact, kwargs, records) -> None:
     """Failing inputs for offline debugging: exact float64 values, kwargs, case and records."""
     root.mkdir(parents=True, exist_ok=True)
     path = root / f"{spec.name}-{kern.name}-{case.id}.pt"
-    torch.save({"case": dataclasses.asdict(case), "inputs": exact, "kwargs": kwargs,
-                "records": records}, path)
     for r in records:
-        r["saved_inputs"] = str(path)
+        r.saved_inputs = str(path)
+    torch.save({"case": dataclasses.asdict(case), "inputs": exact, "kwargs": kwargs,
+                "records": [r.as_row() for r in records]}, path)
 
 
 def verify(op: str, fn, *, kernel_name: str | None = None, cases: str = "quick",
@@ -361,6 +346,7 @@ def verify(op: str, fn, *, kernel_name: str | None = None, cases: str = "quick",
     """
     if refresh and golden_dir is None:
         raise UsageError("verify(refresh=True) needs golden_dir=: the folder to write to")
+    check_case_set(cases)
     spec = get_op(op)
     kern = as_kernel(op, fn, kernel_name)
     device = device or default_device()
@@ -373,18 +359,21 @@ def verify(op: str, fn, *, kernel_name: str | None = None, cases: str = "quick",
         unknown = wanted - {c.id for c in grid}
         if unknown:
             raise UsageError(f"unknown case id(s) for {op} in {cases!r}: {sorted(unknown)}")
-    records: list[dict] = []
+    records: list[Record] = []
     for case in grid:
         records.extend(run_case(spec, kern, case, device, save_dir=save_failures))
+    mode = "check"
     if golden_dir is not None:
         from .session import GoldenSession
+        mode = "refresh" if refresh else "check"
         for r in records:
-            r["suite"] = suite
-        gs = GoldenSession(golden_dir, "refresh" if refresh else "check", case_set=cases)
+            r.suite, r.case_set = suite, cases
+        gs = GoldenSession(golden_dir, mode, case_set=cases)
         gs.judge(records)
-        if refresh:  # what ran is the golden now: its old verdicts no longer fail the run
+        if refresh:  # what ran is the golden now: its old verdicts are replaced
             gs.finish(records, environment.provenance(device))
             for r in records:
-                if r.get("golden") in ("regressed", "missing", "new", "inputs_changed"):
-                    r["golden"] = "refreshed"
-    return Verification(op, kern.name, device, cases, records)
+                if r.golden in (Golden.REGRESSED, Golden.MISSING, Golden.NEW,
+                                Golden.INPUTS_CHANGED):
+                    r.golden = Golden.REFRESHED
+    return Verification(op, kern.name, device, cases, records, mode)

@@ -22,18 +22,14 @@ from pathlib import Path
 
 from . import golden
 from .errors import UsageError
+from .records import MODES, Golden, Record, Status
 from .regression import Change, compare_row
 
-MODES = ("check", "strict", "refresh", "refresh-new")
-# Golden verdicts that fail a test (in refresh modes nothing golden-related fails).
-FAILING = {"check": {"regressed"}, "strict": {"regressed", "missing", "inputs_changed"},
-           "refresh": set(), "refresh-new": set()}
 
-
-def goldenable(record: dict) -> bool:
+def goldenable(record: Record) -> bool:
     """Records that carry a golden row: a suite name and something measured."""
-    return bool(record.get("suite")) and record.get("status") in ("passed", "failed", "known") \
-        and (record.get("kernel_n") is not None or record.get("series") is not None)
+    return bool(record.suite) and record.measured and \
+        record.status in (Status.PASSED, Status.FAILED, Status.KNOWN)
 
 
 @dataclass
@@ -80,41 +76,40 @@ class GoldenSession:
             self._files[path] = golden.read(path)  # GoldenError (exit 2) on a bad file
         return self._files[path]
 
-    def judge(self, records: list[dict]) -> list[Change]:
+    def judge(self, records: list[Record]) -> list[Change]:
         """Stamp each goldenable record with its golden verdict; returns the changes."""
         changes = []
         for r in records:
             if not goldenable(r):
                 continue
-            r.setdefault("case_set", self.case_set)
+            r.case_set = r.case_set or self.case_set
             row = golden.to_row(r)
             gf = self.file(row["device_class"], row["suite"])
-            ch = compare_row(gf.rows.get(golden.key_of(row)), row)
+            ch = compare_row(gf.rows.get(golden.key_of(row)), row, r.family)
             if ch.kind == "new" and self.mode == "strict":
                 ch.kind = "missing"
                 ch.messages = [f"no golden row in {gf.path} (strict: missing goldens fail; "
                                f"record them with --numcheck-refresh-new-only and commit)"]
-            r["golden"], r["golden_reason"] = ch.kind, "; ".join(ch.messages)
+            r.golden, r.golden_reason = Golden(ch.kind), "; ".join(ch.messages)
             changes.append(ch)
         return changes
 
-    def failing(self, record: dict) -> bool:
-        return record.get("golden") in FAILING[self.mode]
-
-    def finish(self, records: list[dict], provenance: dict[str, str]) -> FinishReport:
+    def finish(self, records: list[Record], provenance: dict[str, str]) -> FinishReport:
         """Merge what ran into the goldens (refresh modes, prune) and report."""
         rep = FinishReport()
         by_file: dict[Path, dict[tuple, dict]] = defaultdict(dict)
         ran_pairs: dict[Path, set] = defaultdict(set)
+        families: dict[tuple, str] = {}
         for r in records:
-            if not r.get("suite") or r.get("status") == "skipped":
+            if not r.suite or r.status == Status.SKIPPED:
                 continue
-            r.setdefault("case_set", self.case_set)
+            r.case_set = r.case_set or self.case_set
             row = golden.to_row(r)
             path = golden.path_for(self.dir, row["device_class"], row["suite"])
             ran_pairs[path].add((row["op"], row["kernel"]))
             if goldenable(r):
                 by_file[path][golden.key_of(row)] = row
+                families[golden.key_of(row)] = r.family
         for path in sorted(set(by_file) | set(ran_pairs)):
             dc, suite = path.parent.name, path.stem
             gf = self.file(dc, suite)
@@ -148,7 +143,7 @@ class GoldenSession:
                         continue
                     rows[k] = row
                     touched = True
-                    ch = compare_row(old, row)
+                    ch = compare_row(old, row, families.get(k, "ops"))
                     if old is None or not golden.rows_equal(old, row):
                         rep.changes.append(ch)
             if self.prune and unused:

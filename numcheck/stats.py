@@ -140,7 +140,7 @@ def _out_ordinal(o: torch.Tensor, o64: torch.Tensor, f: formats.Format) -> torch
     if f.torch is o.dtype and o.dtype in _INT_VIEW:
         raw = o.view(_INT_VIEW[o.dtype]).to(torch.int64)
         return _apply_sign(raw & ((1 << (f.bits - 1)) - 1), raw)
-    return formats._ordinal(torch.where(torch.isfinite(o64), o64, 0.0), f)
+    return formats.ordinal(torch.where(torch.isfinite(o64), o64, 0.0), f)
 
 
 _INT_VIEW = {torch.bfloat16: torch.int16, torch.float16: torch.int16, torch.float32: torch.int32}
@@ -195,9 +195,9 @@ def _chunk_fast(o, o64, r64, f, tr, tc):
 def _chunk_general(o, o64, r64, f, tr, tc):
     """Any values: non-finite classes, overflow, subnormals, zeros, off-format outputs."""
     if f.name == "fp64":
-        rr, r_ord = r64, formats._ordinal(torch.where(torch.isfinite(r64), r64, 0.0), f)
+        rr, r_ord = r64, formats.ordinal(torch.where(torch.isfinite(r64), r64, 0.0), f)
     else:
-        rr, r_ord = formats._round(r64, f, "rne", False, None)
+        rr, r_ord = formats.round_with_ordinal(r64, f, "rne", False)
     oc, rc = _classes(o64), _classes(rr)
     fin = (oc == 0) & (rc == 0)
     err = torch.where(fin, o64 - r64, 0.0)

@@ -1,7 +1,7 @@
-"""The built-in op suite's case list and its per-case check, shared by suites/ and the CLI.
+"""The built-in suites' case list and their per-case check, shared by suites/ and the CLI.
 
-A suite test is one (op, kernel, case): it runs the case, judges it against the goldens, attaches the records to the pytest
-report (the plugin tallies them), skips with the kernel's reason, and fails with the records'
+A suite test is one (op, kernel, case): it runs the case, judges it against the goldens,
+attaches the records to the pytest report (the plugin tallies them), skips with the kernel's reason, and fails with the records'
 diagnostics (reason, worst elements, numerics state, repro command).
 """
 from __future__ import annotations
@@ -9,8 +9,14 @@ from __future__ import annotations
 import json
 import math
 
-from .ops import OPS, Case, Kernel, OpSpec, _load_builtins, family, kernels
-from .run import run_case
+from . import verdict
+from .cases import Case
+from .catalog import get_op, kernels
+from .catalog import ops as catalog_ops
+from .golden import GoldenError
+from .records import Golden, Record, Status, failing, to_json
+from .registry import Kernel, OpSpec
+from .run import run_case, verify
 
 # Fields a suite attaches to each pytest report (kept small: JUnit XML carries them too).
 _SLIM = ("op", "kernel", "case_id", "output", "status", "reason", "golden", "kernel_sqnr_db",
@@ -21,12 +27,9 @@ def suite_cases(cases: str, ops: list[str] | None = None,
                 suite: str = "ops") -> list[tuple[OpSpec, Kernel, Case]]:
     """Every (op, built-in kernel, case) of the case set, in a stable order; ``suite`` picks
     the built-in ops of that family ("ops" or "quant")."""
-    _load_builtins()
     out = []
-    for name in sorted(ops or OPS):
-        spec = OPS[name]
-        if ops is None and family(spec) != suite:
-            continue
+    for spec in [get_op(n) for n in sorted(ops)] if ops else catalog_ops(suite):
+        name = spec.name
         for kname in sorted(kernels(name)):
             for case in spec.grid(cases):
                 out.append((spec, kernels(name)[kname], case))
@@ -38,24 +41,25 @@ def case_param_id(item: tuple[OpSpec, Kernel, Case]) -> str:
     return f"{spec.name}/{kern.name}/{case.id}"
 
 
-def slim(record: dict) -> dict:
+def slim(record: Record) -> dict:
+    row = record.as_row()
     out = {}
     for k in _SLIM:
-        v = record.get(k)
-        out[k] = None if isinstance(v, float) and not math.isfinite(v) and math.isnan(v) else v
+        v = row.get(k)
+        out[k] = None if isinstance(v, float) and math.isnan(v) else v
     return out
 
 
-def format_failures(records: list[dict]) -> str:
+def format_failures(records: list[Record]) -> str:
     lines = []
     for r in records:
-        why = r["reason"] if r["status"] in ("failed", "error") else ""
-        if r.get("golden_reason") and r.get("golden") not in ("same", "new"):
-            why = (why + " | " if why else "") + f"golden {r['golden']}: {r['golden_reason']}"
-        lines.append(f"{r['op']}/{r['kernel']}/{r['case_id']} {r['output']}: {why}")
+        why = r.reason if r.status in (Status.FAILED, Status.ERROR, Status.KNOWN) else ""
+        if r.golden_reason and r.golden not in (None, Golden.SAME, Golden.NEW):
+            why = (why + " | " if why else "") + f"golden {r.golden}: {r.golden_reason}"
+        lines.append(f"{r.label}: {why}")
         for key in ("worst_elements", "numerics", "saved_inputs", "repro"):
-            if r.get(key):
-                lines.append(f"  {key}: {r[key]}")
+            if getattr(r, key):
+                lines.append(f"  {key}: {getattr(r, key)}")
     return "\n".join(lines)
 
 
@@ -77,47 +81,48 @@ class SuiteContext:
         self._record_property = record_property
         self.suite = suite
 
-    def attach(self, records: list[dict]) -> None:
-        for r in records:
-            if self.suite and not r.get("suite"):
-                r["suite"] = self.suite
-            r.setdefault("case_set", self.case_set)
-        self._record_property("numcheck", json.dumps([slim(r) for r in records], default=str))
-        self._record_property("numcheck_records", json.dumps(records, default=str))
+    @property
+    def mode(self) -> str:
+        return self.session.mode if self.session is not None else "check"
 
-    def judge(self, records: list[dict]) -> list[dict]:
-        """Stamp golden verdicts, attach, and return the records that fail the test."""
+    def attach(self, records: list[Record]) -> None:
+        self._record_property("numcheck", json.dumps([slim(r) for r in records], default=str))
+        self._record_property("numcheck_records", to_json(records))
+
+    def judge(self, records: list[Record]) -> list[Record]:
+        """Judge what is not judged yet (numcheck.verdict), stamp golden verdicts, attach, and
+        return the records that fail the test (numcheck.records.failing)."""
         for r in records:
-            if self.suite and not r.get("suite"):
-                r["suite"] = self.suite
-            r.setdefault("case_set", self.case_set)
+            if self.suite and not r.suite:
+                r.suite = self.suite
+            r.case_set = r.case_set or self.case_set
+            if r.status == Status.PENDING:
+                verdict.judge(r)
         if self.session is not None:
-            from .golden import GoldenError
             try:
                 self.session.judge(records)
             except GoldenError as e:  # the controller sees it too and ends the run with exit 2
                 for r in records:
-                    r["golden"], r["golden_reason"] = "bad_golden", str(e)
+                    r.golden, r.golden_reason = Golden.BAD_GOLDEN, str(e)
                 self.attach(records)
                 raise
         self.attach(records)
-        return [r for r in records if r["status"] in ("failed", "error")
-                or (self.session is not None and self.session.failing(r))]
+        return [r for r in records if failing(r, self.mode)]
 
-    def check_case(self, item) -> list[dict]:
+    def check_case(self, item) -> list[Record]:
         """Run one suite item; raises pytest's skip/fail/xfail outcomes."""
         spec, kern, case = item
         return self.check_records(run_case(spec, kern, case, self.device))
 
-    def check_records(self, records: list[dict]) -> list[dict]:
+    def check_records(self, records: list[Record]) -> list[Record]:
         import pytest
 
         bad = self.judge(records)
-        if all(r["status"] == "skipped" for r in records):
-            pytest.skip(records[0]["reason"])
+        if all(r.status == Status.SKIPPED for r in records):
+            pytest.skip(records[0].reason)
         if bad:
             pytest.fail(format_failures(bad), pytrace=False)
-        known = [r for r in records if r["status"] == "known"]
+        known = [r for r in records if r.status == Status.KNOWN]
         if known:
             pytest.xfail(format_failures(known))
         return records
@@ -127,10 +132,10 @@ class SuiteContext:
         test with the diagnostics unless ``fail=False`` (then inspect ``.passed``)."""
         import pytest
 
-        from .run import verify
         kwargs.setdefault("cases", self.case_set)
         kwargs.setdefault("device", self.device)
         v = verify(op, fn, **kwargs)
+        v.mode = self.mode
         bad = self.judge(v.records)
         if fail and (bad or v.executed == 0):
             pytest.fail(format_failures(bad) or v.summary(), pytrace=False)

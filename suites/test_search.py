@@ -7,15 +7,14 @@ from __future__ import annotations
 
 import pytest
 
-from numcheck.ops import OPS, _load_builtins, family, kernels
+from numcheck.catalog import get_op, kernels, ops
 from numcheck.plugin import suite_device
 from numcheck.search import search_test
 
-_load_builtins()
-SEARCHED = sorted(op for op in OPS if "torch" in kernels(op) and family(OPS[op]) == "ops")
+SEARCHED = [s.name for s in ops("ops") if "torch" in kernels(s.name)]
 
 
 @pytest.mark.filterwarnings("ignore:Mismatch dtype")
 @pytest.mark.parametrize("op", SEARCHED)
 def test_search(op, request):
-    search_test(OPS[op], kernels(op)["torch"], suite_device(request.config))()
+    search_test(get_op(op), kernels(op)["torch"], suite_device(request.config))()

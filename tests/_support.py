@@ -6,6 +6,7 @@ import warnings
 
 import torch
 
+from numcheck.records import Record
 from numcheck.run import verify
 
 
@@ -21,8 +22,9 @@ def quiet_verify(op, fn, **kw):
         return verify(op, fn, device="cpu", **kw)
 
 
-def golden_record(case="c1", rel=1.234567e-3, **kw):
-    """A run record with every golden column, the stats derived from ``rel``."""
+def golden_record(case="c1", rel=1.234567e-3, **kw) -> Record:
+    """A run record with every golden column, the stats derived from ``rel``; ``kw`` sets
+    columns of the flat form (``kernel_n_nan=3``, ``golden="same"``)."""
     r = {"suite": "s", "op": "rms_norm", "kernel": "torch", "case_id": case, "output": "out",
          "device_class": "cpu", "case_set": "quick", "dtype": "bf16", "shape": "4x8",
          "dist": "normal", "seed": 0, "params": "", "status": "passed", "input_digest": "ab",
@@ -38,4 +40,4 @@ def golden_record(case="c1", rel=1.234567e-3, **kw):
                   f"{side}_min_block_sqnr_db": 50.123456, f"{side}_worst_block": 0,
                   f"{side}_n_blocks": 4})
     r.update(kw)
-    return r
+    return Record.from_row(r)

@@ -11,15 +11,14 @@ import warnings
 from pathlib import Path
 
 import pytest
-import torch
 
 from numcheck import golden
-from numcheck.ops import Kernel
+from numcheck.registry import Kernel
 from numcheck.run import verify
-
-from test_ops_matmul import _blocked_fp32, _split_k_reversed
-from test_ops_norms import ln_welford, rms_reversed_fp32_sum
-from test_ops_softmax import softmax_blocked_sum, softmax_online
+from numcheck.variants import (ln_welford, matmul_blocked_fp32, matmul_partials_in_dtype,
+                               matmul_split_k_reversed, rms_extra_rounding,
+                               rms_reversed_fp32_sum, softmax_blocked_sum, softmax_online,
+                               softmax_recip_in_dtype)
 
 GOLDEN = Path(__file__).resolve().parent.parent / "golden"
 pytestmark = pytest.mark.skipif(not (GOLDEN / "cpu" / "ops.parquet").exists(),
@@ -31,48 +30,25 @@ def _golden_verdicts(op, fn):
         warnings.simplefilter("ignore")
         v = verify(op, Kernel(op, "torch", fn, forward_only=True), device="cpu",
                    golden_dir=GOLDEN, suite="ops")
-    return [r for r in v.records if r["status"] != "skipped"]
+    return [r for r in v.records if r.status != "skipped"]
 
 
 @pytest.mark.parametrize("op, fn", [
     ("rms_norm", rms_reversed_fp32_sum), ("layer_norm", ln_welford),
     ("softmax", softmax_online), ("softmax", softmax_blocked_sum),
-    ("matmul", _blocked_fp32), ("matmul", _split_k_reversed),
+    ("matmul", matmul_blocked_fp32), ("matmul", matmul_split_k_reversed),
 ], ids=["rms_reversed_sum", "ln_welford", "softmax_online", "softmax_blocked", "gemm_blocked",
         "gemm_split_k"])
 def test_benign_rewrite_passes_the_old_golden(op, fn):
     rows = _golden_verdicts(op, fn)
-    assert rows and all(r["golden"] in ("same", "improved") for r in rows), [
-        (r["case_id"], r["golden"], r["golden_reason"]) for r in rows
-        if r["golden"] not in ("same", "improved")]
-
-
-def rms_extra_rounding(x, weight, eps):
-    """The normalized activations stored in x's dtype before the weight multiply."""
-    xf = x.float()
-    y = (xf * torch.rsqrt((xf * xf).mean(-1, keepdim=True) + eps)).to(x.dtype)
-    return (y.float() * weight.float()).to(x.dtype)
-
-
-def softmax_recip_in_dtype(x, dim=-1):
-    """1 / sum rounded to x's dtype, then multiplied in: one extra rounding per row."""
-    xf = x.float()
-    e = torch.exp(xf - xf.amax(dim, keepdim=True))
-    return (e * (1.0 / e.sum(dim, keepdim=True)).to(x.dtype).float()).to(x.dtype)
-
-
-def gemm_partials_in_dtype(a, b, block=256):
-    """fp32 partial products per 256-wide K block, each rounded to the input dtype."""
-    acc = None
-    for k0 in range(0, a.shape[-1], block):
-        p = (a[..., k0:k0 + block].float() @ b[..., k0:k0 + block, :].float()).to(a.dtype).float()
-        acc = p if acc is None else acc + p
-    return acc.to(a.dtype)
+    assert rows and all(r.golden in ("same", "improved") for r in rows), [
+        (r.case_id, r.golden, r.golden_reason) for r in rows
+        if r.golden not in ("same", "improved")]
 
 
 @pytest.mark.parametrize("op, fn", [
     ("rms_norm", rms_extra_rounding), ("softmax", softmax_recip_in_dtype),
-    ("matmul", gemm_partials_in_dtype),
+    ("matmul", matmul_partials_in_dtype),
 ], ids=["rms_extra_rounding", "softmax_recip_rounded", "gemm_partials_rounded"])
 def test_a_lost_fraction_of_a_bit_regresses(op, fn):
     rows = _golden_verdicts(op, fn)
@@ -80,19 +56,19 @@ def test_a_lost_fraction_of_a_bit_regresses(op, fn):
     claimed, regressed = [], []
     for r in rows:
         g = gold[golden.key_of(golden.to_row(r))]
-        if r["dtype"] not in ("bf16", "fp16") or not g["kernel_rel_l2"]:
+        if r.dtype not in ("bf16", "fp16") or not g["kernel_rel_l2"]:
             continue
-        grew = r["kernel_rel_l2"] / g["kernel_rel_l2"]
+        grew = r.kernel_stats.rel_l2 / g["kernel_rel_l2"]
         yard = max(g["kernel_rel_l2"], g["baseline_rel_l2"]) / g["kernel_rel_l2"]
-        if r["golden"] == "regressed":
+        if r.golden == "regressed":
             regressed.append(r)
         # what docs/goldens.md claims: half a bit lost (x 1.41) on >= 190 elements, with the
         # kernel's error within 4x of the baseline's, is caught
-        if grew >= 2 ** 0.5 and r["kernel_n"] >= 190 and yard < 4:
+        if grew >= 2 ** 0.5 and r.kernel_stats.n >= 190 and yard < 4:
             claimed.append((r, grew))
     assert claimed, "the planted loss never reached half a bit: the test proves nothing"
-    missed = [(r["case_id"], round(grew, 2), r["golden_reason"]) for r, grew in claimed
-              if r["golden"] != "regressed"]
+    missed = [(r.case_id, round(grew, 2), r.golden_reason) for r, grew in claimed
+              if r.golden != "regressed"]
     assert not missed, missed
-    assert all("rel_l2" in r["golden_reason"] or "worst block" in r["golden_reason"]
+    assert all("rel_l2" in r.golden_reason or "worst block" in r.golden_reason
                for r in regressed)

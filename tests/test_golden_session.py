@@ -22,7 +22,7 @@ def test_strict_writes_nothing_and_check_writes_nothing(tmp_path):
         s = _session(tmp_path, mode)
         recs = [_record("a")]
         s.judge(recs)
-        assert recs[0]["golden"] == ("missing" if mode == "strict" else "new")
+        assert recs[0].golden == ("missing" if mode == "strict" else "new")
         rep = s.finish(recs, {})
         assert not rep.written and not (tmp_path / "cpu").exists()
 

@@ -2,7 +2,6 @@
 planted faults are caught, benign rewrites pass, torch's measured tail behaviour is pinned."""
 from __future__ import annotations
 
-import math
 import re
 
 import mpmath
@@ -12,9 +11,12 @@ import torch.nn.functional as F
 
 import numcheck as nc
 from numcheck import formats
-from numcheck.ops import Kernel, get_op, kernels
+from numcheck.catalog import get_op, kernels
+from numcheck.registry import Kernel
 from numcheck.ops.activations import (SILU_OVERFLOW_X, gelu_reference, silu_reference,
                                       swiglu_reference)
+from numcheck.variants import (gelu_erfc_fp32, silu_sigmoid_fp32, silu_sigmoid_fp32_backward,
+                               swiglu_fused_fp32)
 from _support import gen, quiet_verify
 
 pytestmark = pytest.mark.filterwarnings("ignore:Mismatch dtype")
@@ -136,14 +138,14 @@ def swiglu_gelu_gate(a, b):
 def test_planted_fault_is_caught(op, fault, expect):
     v = _verify(op, fault)
     assert not v.passed, v.summary()
-    assert any(re.search(expect, r["reason"]) for r in v.failures), v.summary()
+    assert any(re.search(expect, r.reason) for r in v.failures), v.summary()
 
 
 def test_planted_faults_are_caught_where_expected():
     # tanh-for-none: every fp32 "none" case fails; in bf16/fp16 the difference (<= 4.7e-4
     # absolute) is below the bound's u |x| resolution, and no "tanh" case fails.
     v = _verify("gelu", gelu_tanh_for_none)
-    failed = {r["case_id"] for r in v.failures}
+    failed = {r.case_id for r in v.failures}
     fp32_none = {c.id for c in get_op("gelu").grid("quick")
                  if c.dtype == "fp32" and c.param("approximate") == "none"
                  and c.dist != "near_overflow"}
@@ -151,40 +153,11 @@ def test_planted_faults_are_caught_where_expected():
     assert not any(c.endswith("-tanh") for c in failed)
     # the fp16 exp overflow: caught on fp16 wide_range (x < -11.09 present)
     v = _verify("silu", silu_low_precision_exp)
-    assert any(r["case_id"].startswith("fp16-") and "wide_range" in r["case_id"]
+    assert any(r.case_id.startswith("fp16-") and "wide_range" in r.case_id
                for r in v.failures), v.summary()
 
 
 # ---- benign variants ------------------------------------------------------------------------
-
-def swiglu_fused_fp32(a, b):
-    af = a.float()
-    return (af * torch.sigmoid(af) * b.float()).to(a.dtype)
-
-
-def silu_sigmoid_fp32(x):
-    xf = x.float()
-    return (xf * torch.sigmoid(xf)).to(x.dtype)
-
-
-def silu_sigmoid_fp32_backward(grad_out, x):
-    """The fused backward g s (1 + x (1 - s)), s = sigmoid(x), in fp32. (Autograd through
-    x * sigmoid(x) forms g * x first, which overflows for |x| ~ 1e38 and gives inf * 0 = NaN at
-    x << 0: a property of that graph, not of the forward under test.)"""
-    xf, gf = x.float(), grad_out.float()
-    s = torch.sigmoid(xf)
-    return ((gf * s * (1 + xf * (1 - s))).to(x.dtype),)
-
-
-def gelu_erfc_fp32(x, approximate="none"):
-    """x Phi(x) via erfc in fp32 (no 1 + erf cancellation: more accurate than torch in the tail);
-    the tanh form as x sigmoid(2y), its exact rewrite."""
-    xf = x.float()
-    if approximate == "tanh":
-        y = math.sqrt(2 / math.pi) * (xf + 0.044715 * xf * xf * xf)
-        return (xf * torch.sigmoid(2 * y)).to(x.dtype)
-    return (xf * 0.5 * torch.special.erfc(-xf * (1 / math.sqrt(2)))).to(x.dtype)
-
 
 @pytest.mark.parametrize("op, variant", [
     ("swiglu", swiglu_fused_fp32),
@@ -258,7 +231,7 @@ def test_finding_gelu_vectorized_erf_less_accurate_than_naive():
     spec, kern = get_op("gelu"), kernels("gelu")["torch"]
     case = next(c for c in spec.grid("full") if c.id == "fp32-5x3x31-sparse-s1-contiguous-none")
     v = _verify("gelu", kern, cases="full", case_ids=[case.id])
-    assert [r["status"] for r in v.records if r["output"] == "out"] == ["known"], v.summary()
+    assert [r.status for r in v.records if r.output == "out"] == ["known"], v.summary()
     assert kern.known_failure(case, "cpu", "grad_x") is None
 
 

@@ -11,10 +11,14 @@ import torch
 import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
-from numcheck.ops import Case, get_op, kernels
+from numcheck.cases import Case
+from numcheck.catalog import get_op, kernels
 from numcheck.ops import attention as att
 from numcheck.ops.attention import sdpa_baseline, sdpa_reference
 from numcheck.run import verify
+from numcheck.variants import sdpa_math_fp32 as math_backend_in_fp32
+from numcheck.variants import sdpa_online as online_softmax
+from numcheck.variants import sdpa_reversed_keys as reversed_key_order
 
 pytestmark = pytest.mark.filterwarnings("ignore:Mismatch dtype")
 
@@ -128,11 +132,11 @@ def test_cpu_flash_passes_quick_with_its_fp32_backward_finding_declared():
     v = verify("sdpa", kernels("sdpa")["sdpa_flash"], device="cpu")
     assert v.passed, v.summary()
     assert v.executed == len(get_op("sdpa").grid("quick"))
-    known = [r for r in v.records if r["status"] == "known"]
-    assert known and all(r["dtype"] == "fp32" and r["dist"] == "large_logits"
-                         and r["output"] == "grad_v" and "baseline" in r["reason"]
+    known = [r for r in v.records if r.status == "known"]
+    assert known and all(r.dtype == "fp32" and r.dist == "large_logits"
+                         and r.output == "grad_v" and "baseline" in r.reason
                          for r in known), v.summary()
-    assert all(r["status"] == "passed" for r in v.records if r["output"] == "out")
+    assert all(r.status == "passed" for r in v.records if r.output == "out")
 
 
 def test_flash_backward_finding_is_the_scale_folding():
@@ -176,8 +180,8 @@ def test_torch_kernels_pass_full(name):
         warnings.simplefilter("ignore")
         v = verify("sdpa", kernels("sdpa")[name], device="cpu", cases="full")
     assert v.passed, v.summary()
-    assert all(r["dtype"] == "fp32" and r["dist"] == "large_logits"
-               for r in v.records if r["status"] == "known"), v.summary()
+    assert all(r.dtype == "fp32" and r.dist == "large_logits"
+               for r in v.records if r.status == "known"), v.summary()
 
 
 def test_cpu_flash_skips_strided_inputs_with_a_reason():
@@ -298,39 +302,9 @@ def gqa_wrong_kv_head(q, k, v, attn_mask=None, is_causal=False, scale=None):
     return _explicit(q, k, v, attn_mask, is_causal, scale, gqa="tile")
 
 
-def _online(q, k, v, attn_mask=None, is_causal=False, scale=None, *, block=32, rescale=True):
-    """Flash-style attention: keys in blocks, running max and sum, fp32 accumulation."""
-    dt = q.dtype
-    h, s, d = q.shape[-3], q.shape[-2], q.shape[-1]
-    g = h // k.shape[-3]
-    q, k, v = q.float(), k.float().repeat_interleave(g, -3), v.float().repeat_interleave(g, -3)
-    skv = k.shape[-2]
-    sc = scale if scale is not None else 1.0 / math.sqrt(d)
-    allowed = torch.ones(s, skv, dtype=torch.bool, device=q.device)
-    if is_causal:
-        allowed = allowed.tril()
-    if attn_mask is not None:
-        allowed = allowed & attn_mask.to(q.device)
-    allowed = allowed.expand(*q.shape[:-1], skv)
-    m = torch.full((*q.shape[:-1], 1), -math.inf, device=q.device)
-    l = torch.zeros_like(m)
-    acc = torch.zeros(q.shape, device=q.device)
-    for j in range(0, skv, block):
-        logits = (q @ k[..., j:j + block, :].transpose(-2, -1)) * sc
-        logits = logits.masked_fill(~allowed[..., j:j + block], -math.inf)
-        m_new = torch.maximum(m, logits.amax(-1, keepdim=True).detach())
-        m_safe = torch.where(m_new == -math.inf, 0.0, m_new)
-        p = torch.exp(logits - m_safe)
-        alpha = torch.exp(m - m_safe)  # 0 while the row has seen no key
-        l = l * alpha + p.sum(-1, keepdim=True)
-        acc = (acc * alpha if rescale else acc) + p @ v[..., j:j + block, :]
-        m = m_new
-    return (acc / torch.where(l == 0, 1.0, l)).to(dt)
-
-
 def online_softmax_forgets_rescale(q, k, v, attn_mask=None, is_causal=False, scale=None):
     """The accumulator is not rescaled when the running max grows (only shows past one block)."""
-    return _online(q, k, v, attn_mask, is_causal, scale, rescale=False)
+    return online_softmax(q, k, v, attn_mask, is_causal, scale, rescale=False)
 
 
 def _empty_rows(c):
@@ -367,43 +341,16 @@ def test_planted_fault_is_caught(fault, expect, where, exact):
         warnings.simplefilter("ignore")
         v = verify("sdpa", fault, device="cpu")
     assert not v.passed, v.summary()
-    failed = {r["case_id"] for r in v.failures}
+    failed = {r.case_id for r in v.failures}
     should = {c.id for c in get_op("sdpa").grid("quick") if where(c)}
     assert should and should <= failed, v.summary()
     if exact:
         assert failed == should, v.summary()
-    assert all(re.search(expect, r["reason"]) for r in v.failures if r["case_id"] in should
-               and r["output"] == "out"), v.summary()
+    assert all(re.search(expect, r.reason) for r in v.failures if r.case_id in should
+               and r.output == "out"), v.summary()
 
 
 # ---- benign variants: other correct algorithms pass ---------------------------------------------
-
-def online_softmax(q, k, v, attn_mask=None, is_causal=False, scale=None):
-    return _online(q, k, v, attn_mask, is_causal, scale)
-
-
-def math_backend_in_fp32(q, k, v, attn_mask=None, is_causal=False, scale=None):
-    """torch's math backend on fp32 copies, the result cast back (what autocast-free fp32
-    attention does)."""
-    dt = q.dtype
-    with sdpa_kernel([SDPBackend.MATH]):
-        out = F.scaled_dot_product_attention(
-            q.float(), k.float(), v.float(), is_causal=is_causal, scale=scale,
-            attn_mask=None if attn_mask is None else attn_mask.to(q.device),
-            enable_gqa=k.shape[-3] != q.shape[-3])
-    return out.to(dt)
-
-
-def reversed_key_order(q, k, v, attn_mask=None, is_causal=False, scale=None):
-    """The naive composition over keys in reverse order (a reordered summation)."""
-    s, skv = q.shape[-2], k.shape[-2]
-    allowed = torch.ones(s, skv, dtype=torch.bool, device=q.device)
-    if is_causal:
-        allowed = allowed.tril()
-    if attn_mask is not None:
-        allowed = allowed & attn_mask.to(q.device)
-    return sdpa_baseline(q, k.flip(-2), v.flip(-2), attn_mask=allowed.flip(-1), scale=scale)
-
 
 @pytest.mark.parametrize("fn", [online_softmax, math_backend_in_fp32, reversed_key_order])
 def test_benign_variant_passes(fn):

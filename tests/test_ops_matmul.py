@@ -13,9 +13,14 @@ import torch
 import torch.nn.functional as F
 
 from numcheck import formats, inputs
-from numcheck.ops import get_op, kernels
+from numcheck.catalog import get_op, kernels
 from numcheck.ops import matmul as mm
 from numcheck.run import run_case, verify
+from numcheck.variants import linear_row_tiles as _linear_row_tiles
+from numcheck.variants import linear_unfused as _linear_unfused
+from numcheck.variants import matmul_blocked_fp32 as _blocked_fp32
+from numcheck.variants import matmul_fp32_accumulate as _fp32_accumulate
+from numcheck.variants import matmul_split_k_reversed as _split_k_reversed
 
 COMPONENTWISE = "componentwise error"
 BASELINE = "x baseline"  # the baseline rule's message: "rel_l2 ... > 2 x baseline ..."
@@ -28,8 +33,8 @@ def _ids(op: str, pred) -> list[str]:
 
 
 def _out_records(v, case_ids=None):
-    return [r for r in v.records if r["output"] == "out"
-            and (case_ids is None or r["case_id"] in case_ids)]
+    return [r for r in v.records if r.output == "out"
+            and (case_ids is None or r.case_id in case_ids)]
 
 
 def _assert_passed(v):
@@ -40,8 +45,8 @@ def _assert_caught(v, rule: str, case_ids: list[str]):
     """Every listed case's forward output failed, each naming ``rule``."""
     assert not v.passed, v.summary()
     for r in _out_records(v, set(case_ids)):
-        assert r["status"] == "failed", f"{r['case_id']} not caught:\n{v.summary()}"
-        assert rule in r["reason"], f"{r['case_id']} caught by another rule: {r['reason']}"
+        assert r.status == "failed", f"{r.case_id} not caught:\n{v.summary()}"
+        assert rule in r.reason, f"{r.case_id} caught by another rule: {r.reason}"
 
 
 # ---- references -------------------------------------------------------------------------------
@@ -102,7 +107,7 @@ def test_baseline_is_the_recursive_fp32_loop():
     g = torch.Generator().manual_seed(3)
     a = torch.randn(2, 9, generator=g).to(torch.bfloat16)
     b = torch.randn(9, 3, generator=g).to(torch.bfloat16)
-    out = mm._naive_gemm32(a, b)
+    out = mm.naive_gemm32(a, b)
     for i in range(2):
         for j in range(3):
             acc = torch.tensor(0.0)
@@ -156,7 +161,7 @@ def test_underflow_term_admits_subnormal_rounding():
     ref = mm.matmul_reference(a, b)
     out = formats.round_to(ref, "fp16")
     u = formats.get("fp16").unit_roundoff
-    ratio = float(((out - ref).abs() / (u * mm._matmul_scale(a, b))).max())
+    ratio = float(((out - ref).abs() / (u * mm.matmul_scale(a, b))).max())
     assert 0 < ratio <= mm._MM_POLICY.bound_c
 
 
@@ -172,7 +177,7 @@ def test_builtin_torch_kernel_passes_quick(op):
     for case in spec.grid("quick"):
         if case.dist == "positive" and case.dtype != "fp32" and case.param("weight") != "fp32":
             r = next(r for r in _out_records(v, {case.id}))
-            assert r["bound_ratio"] <= 1.0 + mm._acc_len(case), case.id
+            assert r.bound_ratio <= 1.0 + mm._acc_len(case), case.id
 
 
 @pytest.mark.parametrize("op", ["matmul", "linear"])
@@ -181,7 +186,7 @@ def test_tf32_kernel_is_cuda_only(op):
     assert k.devices == ("cuda",) and k.dtypes == ("fp32",)
     v = verify(op, k, device="cpu", cases="quick")
     assert v.executed == 0 and not v.passed  # DESIGN rule 11: nothing ran
-    assert all("cuda" in r["reason"] for r in v.records)
+    assert all("cuda" in r.reason for r in v.records)
 
 
 def test_tf32_context_restores_the_knob():
@@ -262,8 +267,8 @@ def test_fault_dropped_k_tail_caught_on_ragged_k():
     v = verify("matmul", _drop_k_tail, device="cpu", case_ids=ragged)
     assert not v.passed
     for r in _out_records(v):
-        assert r["status"] == "failed", r["case_id"]
-        assert COMPONENTWISE in r["reason"] or BASELINE in r["reason"]
+        assert r.status == "failed", r.case_id
+        assert COMPONENTWISE in r.reason or BASELINE in r.reason
     # On whole tiles the same kernel is right: the fault is the tail, nothing else.
     aligned = _ids("matmul", lambda c: c.shape[-2] % 32 == 0 and c.shape[-2] <= 1024
                    and c.dtype != "fp16")
@@ -290,7 +295,7 @@ def test_fault_bias_missing_on_last_row_tile():
                and math.prod(c.shape[:-2]) in (129, 66) and c.dist in ("normal", "student_t"))
     v = verify("linear", _bias_skips_last_row_tile, device="cpu", case_ids=ids)
     _assert_caught(v, COMPONENTWISE, ids)
-    assert any(r["output"] == "grad_bias" and r["status"] == "failed" for r in v.records)
+    assert any(r.output == "grad_bias" and r.status == "failed" for r in v.records)
 
 
 def _row_major_b_assumed(a, b):
@@ -318,32 +323,6 @@ def test_fault_batch_broadcast_caught():
 
 # ---- benign variants --------------------------------------------------------------------------
 
-def _blocked_fp32(a, b, block=128):
-    """K in blocks of 128, fp32 products per block, fp32 running sum, one rounding."""
-    acc = None
-    for k0 in range(0, a.shape[-1], block):
-        p = a[..., k0:k0 + block].float() @ b[..., k0:k0 + block, :].float()
-        acc = p if acc is None else acc + p
-    return acc.to(a.dtype)
-
-
-def _split_k_reversed(a, b, splits=4):
-    """Split-K with fp32 partials, reduced from the last split to the first, one rounding."""
-    k = a.shape[-1]
-    step = -(-k // splits)
-    parts = [a[..., k0:k0 + step].float() @ b[..., k0:k0 + step, :].float()
-             for k0 in range(0, k, step)]
-    acc = parts[-1]
-    for p in reversed(parts[:-1]):
-        acc = acc + p
-    return acc.to(a.dtype)
-
-
-def _fp32_accumulate(a, b):
-    """A bf16/fp16 GEMM done as an fp32 GEMM and one rounding."""
-    return (a.float() @ b.float()).to(a.dtype)
-
-
 @pytest.mark.parametrize("fn", [_blocked_fp32, _split_k_reversed],
                          ids=["blocked", "split_k_reversed"])
 def test_benign_matmul_variants_pass(fn):
@@ -354,25 +333,6 @@ def test_benign_fp32_accumulation_by_hand_passes():
     # For fp32 cases this is torch's own kernel; the bf16/fp16 cases are the point.
     ids = _ids("matmul", lambda c: c.dtype != "fp32")
     _assert_passed(verify("matmul", _fp32_accumulate, device="cpu", case_ids=ids))
-
-
-def _linear_unfused(x, weight, bias=None):
-    """x W^T rounded to the compute dtype, then the bias added in the compute dtype."""
-    dt = x.dtype
-    out = x @ weight.to(dt).mT
-    return out if bias is None else out + bias.to(dt)
-
-
-def _linear_row_tiles(x, weight, bias=None):
-    """The row-tiled linear done right (bias on every tile), fp32 epilogue."""
-    dt = x.dtype
-    x2 = x.reshape(-1, x.shape[-1])
-    w = weight.to(dt)
-    outs = []
-    for r0 in range(0, x2.shape[0], 64):
-        o = x2[r0:r0 + 64].float() @ w.float().mT
-        outs.append(o if bias is None else o + bias.to(dt).float())
-    return torch.cat(outs).to(dt).reshape(*x.shape[:-1], weight.shape[0])
 
 
 def _linear_promoted(x, weight, bias=None):
@@ -392,7 +352,7 @@ def test_benign_linear_promoted_to_fp32_passes():
     ids = _ids("linear", lambda c: c.param("weight") == "fp32")
     v = verify("linear", _linear_promoted, device="cpu", case_ids=ids)
     _assert_passed(v)
-    assert all(r["kernel_fmt"] == "fp32" for r in _out_records(v))
+    assert all(r.kernel_stats.fmt == "fp32" for r in _out_records(v))
 
 
 def test_records_carry_bound_ratio_and_tiles():
@@ -400,7 +360,7 @@ def test_records_carry_bound_ratio_and_tiles():
     case = next(c for c in spec.grid("quick") if c.shape == (127, 1025, 33))
     recs = run_case(spec, kernels("matmul")["torch"], case, "cpu")
     out = recs[0]
-    assert out["output"] == "out" and out["status"] == "passed"
-    assert out["kernel_n_blocks"] == 1  # one 127 x 33 tile
-    assert 0 < out["bound_ratio"] < math.inf
-    assert {r["output"] for r in recs} == {"out", "grad_a", "grad_b"}
+    assert out.output == "out" and out.status == "passed"
+    assert out.kernel_stats.n_blocks == 1  # one 127 x 33 tile
+    assert 0 < out.bound_ratio < math.inf
+    assert {r.output for r in recs} == {"out", "grad_a", "grad_b"}

@@ -8,9 +8,12 @@ import warnings
 import pytest
 import torch
 
-from numcheck.ops import get_op, kernels
+from numcheck.catalog import get_op, kernels
 from numcheck.ops.rope import rope_reference, rope_tables, rotate_half
 from numcheck.run import verify
+from numcheck.variants import rope_complex_fp32 as complex_multiply_fp32
+from numcheck.variants import rope_fma as fused_multiply_add
+from numcheck.variants import rope_fp32_round_once as fp32_then_round_once
 
 pytestmark = pytest.mark.filterwarnings("ignore:Mismatch dtype")
 
@@ -109,8 +112,8 @@ def test_planted_fault_is_caught(fault, expect, dtypes):
         warnings.simplefilter("ignore")
         v = verify("rope", fault, device="cpu")
     assert not v.passed
-    assert any(re.search(expect, r["reason"]) for r in v.failures), v.summary()
-    failed = {r["case_id"] for r in v.failures}
+    assert any(re.search(expect, r.reason) for r in v.failures), v.summary()
+    failed = {r.case_id for r in v.failures}
     for c in get_op("rope").grid("quick"):
         if dtypes is None or c.dtype in dtypes:
             # S == 1 has no odd position; D == 2 has nothing to interleave differently
@@ -121,28 +124,6 @@ def test_planted_fault_is_caught(fault, expect, dtypes):
 
 # ---- benign variants --------------------------------------------------------------------------
 
-def complex_multiply_fp32(x, cos, sin):
-    """Permute halves to interleaved pairs, view as complex, multiply by cos + i sin in fp32,
-    view back and undo the permutation (the Meta Llama implementation on a HF layout)."""
-    d = x.shape[-1]
-    half = d // 2
-    xi = torch.stack([x[..., :half], x[..., half:]], -1).float().contiguous()  # (..., D/2, 2)
-    rot = torch.complex(cos[..., :half].float(), sin[..., :half].float())
-    z = torch.view_as_complex(xi) * rot
-    r = torch.view_as_real(z)  # (..., D/2, 2)
-    return torch.cat([r[..., 0], r[..., 1]], -1).to(x.dtype)
-
-
-def fp32_then_round_once(x, cos, sin):
-    xf = x.float()
-    return (xf * cos.float() + rotate_half(xf) * sin.float()).to(x.dtype)
-
-
-def fused_multiply_add(x, cos, sin):
-    """addcmul: x*cos + rh*sin with one rounding fewer per element in the compute dtype."""
-    return torch.addcmul(x * cos, rotate_half(x), sin)
-
-
 @pytest.mark.parametrize("fn", [complex_multiply_fp32, fp32_then_round_once, fused_multiply_add])
 def test_benign_variant_passes(fn):
     v = verify("rope", fn, device="cpu")
@@ -152,16 +133,16 @@ def test_benign_variant_passes(fn):
 def test_bound_tells_fp32_from_bf16_rounding(torch_quick):
     """The componentwise ratio of torch's formula stays <= 2 (three roundings) in every quick
     case; an fp32 kernel that rounds its result through bf16 lands ~2^16 x higher."""
-    ratios = [r["bound_ratio"] for r in torch_quick.records if r["output"] == "out"]
+    ratios = [r.bound_ratio for r in torch_quick.records if r.output == "out"]
     assert max(ratios) <= 2.0
 
     def via_bf16(x, cos, sin):
         return (x * cos + rotate_half(x) * sin).to(torch.bfloat16).to(x.dtype)
     fp32 = [c.id for c in get_op("rope").grid("quick") if c.dtype == "fp32"]
     v = verify("rope", via_bf16, device="cpu", case_ids=fp32)
-    outs = [r for r in v.records if r["output"] == "out"]
+    outs = [r for r in v.records if r.output == "out"]
     assert len(outs) == len(fp32)
-    assert all(r["status"] == "failed" and r["bound_ratio"] > 1e3 for r in outs), v.summary()
+    assert all(r.status == "failed" and r.bound_ratio > 1e3 for r in outs), v.summary()
 
 
 @pytest.mark.slow

@@ -2,7 +2,6 @@
 are caught, benign rewrites pass, and torch's measured behaviour is pinned as findings."""
 from __future__ import annotations
 
-import math
 import re
 
 import mpmath
@@ -11,9 +10,13 @@ import torch
 import torch.nn.functional as F
 
 from numcheck import formats, inputs
-from numcheck.ops import Kernel, get_op, kernels
+from numcheck.catalog import get_op, kernels
+from numcheck.registry import Kernel
 from numcheck.ops.softmax import (DIMS, cross_entropy_baseline, cross_entropy_reference,
                                   log_softmax_reference, softmax_reference)
+from numcheck.variants import (cross_entropy_unfused, log_softmax_two_pass_fp32,
+                               softmax_blocked_sum, softmax_cascaded_sum, softmax_fp32_upcast,
+                               softmax_online)
 from _support import gen, quiet_verify
 
 pytestmark = pytest.mark.filterwarnings("ignore:Mismatch dtype")
@@ -176,7 +179,7 @@ def cross_entropy_label_smoothing(logits, target):
 def test_planted_fault_is_caught(op, fault, expect):
     v = _verify(op, fault)
     assert not v.passed, v.summary()
-    assert any(re.search(expect, r["reason"]) for r in v.failures), v.summary()
+    assert any(re.search(expect, r.reason) for r in v.failures), v.summary()
 
 
 def test_planted_faults_are_caught_where_expected():
@@ -185,71 +188,20 @@ def test_planted_faults_are_caught_where_expected():
                       ("log_softmax", log_softmax_as_log_of_softmax),
                       ("cross_entropy", cross_entropy_no_logsumexp)]:
         v = _verify(op, fault)
-        hit = {r["case_id"] for r in v.failures if "non-finite" in r["reason"]}
+        hit = {r.case_id for r in v.failures if "non-finite" in r.reason}
         assert any("large_logits" in c for c in hit), v.summary()
     # the ragged-tail fault: caught on the ragged sizes, silent on the aligned one
     v = _verify("softmax", softmax_skips_ragged_tail)
-    failed = {r["case_id"] for r in v.failures}
+    failed = {r.case_id for r in v.failures}
     assert any("x129-" in c or "x33-" in c or "x1025-" in c for c in failed)
     assert not any("4x128-" in c and "-last" in c for c in failed)
 
 
 # ---- benign variants ------------------------------------------------------------------------
 
-def softmax_online(x, dim=-1):
-    """Online softmax (Milakov & Gimelshein): blocks of 32, running max and rescaled running sum
-    in fp32, then exp(x - m) / l: what flash-attention-style kernels do."""
-    xf = x.float().movedim(dim, -1)
-    m = torch.full(xf.shape[:-1] + (1,), -math.inf, device=x.device)
-    s = torch.zeros_like(m)
-    for c0 in range(0, xf.shape[-1], 32):
-        blk = xf[..., c0:c0 + 32]
-        m_new = torch.maximum(m, blk.amax(-1, keepdim=True))
-        s = s * torch.exp(m - m_new) + torch.exp(blk - m_new).sum(-1, keepdim=True)
-        m = m_new
-    return (torch.exp(xf - m) / s).movedim(-1, dim).to(x.dtype)
-
-
-def softmax_fp32_upcast(x, dim=-1):
-    return torch.softmax(x.float(), dim).to(x.dtype)
-
-
-# The benign variants detach the max, as fused kernels do (it is a constant shift): autograd
-# through amax adds -sum(grad_z), zero up to rounding, to the argmax element, which measured 11x
-# the textbook backward's error (fp32, D = 1025, uniform logits).
-
-def softmax_cascaded_sum(x, dim=-1):
-    """The normalizer by torch.sum (cascaded, more accurate than the baseline's loop)."""
-    xf = x.float()
-    e = torch.exp(xf - xf.amax(dim, keepdim=True).detach())
-    return (e / e.sum(dim, keepdim=True)).to(x.dtype)
-
-
-def softmax_blocked_sum(x, dim=-1):
-    """The normalizer as partial sums over blocks of 32, added in reverse block order."""
-    xf = x.float().movedim(dim, -1)
-    e = torch.exp(xf - xf.amax(-1, keepdim=True).detach())
-    parts = [e[..., c0:c0 + 32].sum(-1, keepdim=True) for c0 in range(0, e.shape[-1], 32)]
-    s = torch.zeros_like(parts[0])
-    for p in reversed(parts):
-        s = s + p
-    return (e / s).movedim(-1, dim).to(x.dtype)
-
-
-def log_softmax_two_pass_fp32(x, dim=-1):
-    xf = x.float()
-    z = xf - xf.amax(dim, keepdim=True).detach()
-    return (z - torch.log(torch.exp(z).sum(dim, keepdim=True))).to(x.dtype)
-
-
 def cross_entropy_fp32_loss(logits, target):
     """fp32 loss from bf16/fp16 logits (an allowed output dtype)."""
     return F.cross_entropy(logits.float(), target.to(logits.device))
-
-
-def cross_entropy_unfused(logits, target):
-    lsm = torch.log_softmax(logits.float(), -1)
-    return -lsm.gather(-1, target.to(logits.device).view(-1, 1)).mean().to(logits.dtype)
 
 
 @pytest.mark.parametrize("op, variant", [
@@ -270,8 +222,8 @@ def test_benign_variant_passes(op, variant):
 
 def test_fp32_loss_from_bf16_logits_is_judged_in_fp32():
     v = _verify("cross_entropy", cross_entropy_fp32_loss)
-    rows = [r for r in v.records if r["dtype"] == "bf16" and r["output"] == "out"]
-    assert rows and all(r["kernel_fmt"] == "fp32" for r in rows)
+    rows = [r for r in v.records if r.dtype == "bf16" and r.output == "out"]
+    assert rows and all(r.kernel_stats.fmt == "fp32" for r in rows)
 
 
 # ---- findings: torch's measured behaviour, pinned (a change means torch changed) ---------------
@@ -330,10 +282,10 @@ def test_finding_torch_half_log_softmax_rounds_the_sum():
     # conditioning; the confident row's target gradient (p_t - 1 = 0) is the known failure
     kern = kernels("cross_entropy")["torch"]
     v = _verify("cross_entropy", kern, case_ids=["bf16-2x4096-outlier_channels-s0-argmax"])
-    out = next(r for r in v.records if r["output"] == "out")
-    assert out["status"] == "passed" and out["kernel_rel_l2"] == 1.0
+    out = next(r for r in v.records if r.output == "out")
+    assert out.status == "passed" and out.kernel_stats.rel_l2 == 1.0
     v = _verify("cross_entropy", kern, cases="full", case_ids=["fp16-8x128-student_t-s1-argmax"])
-    assert [r["status"] for r in v.records] == ["passed", "known"], v.summary()
+    assert [r.status for r in v.records] == ["passed", "known"], v.summary()
 
 
 def test_finding_fp16_log_probabilities_overflow():

@@ -12,6 +12,7 @@ import numcheck as nc
 from numcheck import inputs
 from numcheck.errors import UsageError
 from numcheck.quant import DelayedScaling, fp8_qdq, fp8_quantize
+from numcheck.ops import quant as OQ
 from numcheck.quant import fp8 as F
 
 FP32_MAX = float.fromhex("0x1.fffffep127")  # fp32 max: the scale clamp (DESIGN rule 10)
@@ -164,7 +165,7 @@ def test_codes_match_torch_and_ml_dtypes_casts(fmt, gran):
     x = inputs.draw("outlier_channels", (64, 300), seed=4, fmt="bf16").to(torch.bfloat16)
     q = fp8_quantize(x, fmt, gran)
     xs = (x.double() * F.expand(q.scale.double(), x.shape, gran, q.dim)).float()  # fp32 product
-    assert torch.equal(q.codes, xs.to(F._TORCH_FP8[fmt]).double())  # in range: no overflow
+    assert torch.equal(q.codes, xs.to(OQ.TORCH_FP8[fmt]).double())  # in range: no overflow
     ml = {"e4m3": ml_dtypes.float8_e4m3fn, "e5m2": ml_dtypes.float8_e5m2}[fmt]
     assert np.array_equal(q.codes.numpy(), xs.numpy().astype(ml).astype(np.float64))
 
@@ -207,16 +208,16 @@ def test_delayed_scaling_amax_zero_history():
 def _fault_inverse_scale(x, fmt="e4m3", granularity="tensor", dim=-1, pow2_scale=False):
     """Fault: the scale computed as amax / max (the decode scale used to encode)."""
     xf = x.float()
-    amax = F._torch_amax(xf, granularity, dim % x.dim())
-    s = torch.where(amax == 0, 1.0, amax / torch.finfo(F._TORCH_FP8[fmt]).max)
-    codes = (xf * s).to(F._TORCH_FP8[fmt]).float()
+    amax = OQ.torch_amax(xf, granularity, dim % x.dim())
+    s = torch.where(amax == 0, 1.0, amax / torch.finfo(OQ.TORCH_FP8[fmt]).max)
+    codes = (xf * s).to(OQ.TORCH_FP8[fmt]).float()
     return (codes / s).to(x.dtype)
 
 
 def _fault_rz(x, fmt="e4m3", granularity="tensor", dim=-1, pow2_scale=False):
     """Fault: the element cast truncates (round toward zero)."""
     xf = x.float()
-    s = F.torch_fp8_scale(F._torch_amax(xf, granularity, dim % x.dim()), fmt, pow2_scale)
+    s = OQ.torch_fp8_scale(OQ.torch_amax(xf, granularity, dim % x.dim()), fmt, pow2_scale)
     codes = nc.round_to(xf * s, fmt, "rz").float()
     return (codes / s).to(x.dtype)
 
@@ -224,38 +225,38 @@ def _fault_rz(x, fmt="e4m3", granularity="tensor", dim=-1, pow2_scale=False):
 def _fault_nan_on_zero(x, fmt="e4m3", granularity="tensor", dim=-1, pow2_scale=False):
     """Fault: no amax == 0 rule (448 / 0 = inf, 0 * inf = NaN)."""
     xf = x.float()
-    amax = F._torch_amax(xf, granularity, dim % x.dim())
-    s = torch.full_like(amax, torch.finfo(F._TORCH_FP8[fmt]).max) / amax
-    codes = (xf * s).to(F._TORCH_FP8[fmt]).float()
+    amax = OQ.torch_amax(xf, granularity, dim % x.dim())
+    s = torch.full_like(amax, torch.finfo(OQ.TORCH_FP8[fmt]).max) / amax
+    codes = (xf * s).to(OQ.TORCH_FP8[fmt]).float()
     return (codes / s).to(x.dtype)
 
 
 def _fault_wrong_dim(x, fmt="e4m3", granularity="row", dim=-1, pow2_scale=False):
     """Fault: per-row amax over the other dim."""
     other = 0 if dim % x.dim() == x.dim() - 1 else x.dim() - 1
-    return F.torch_fp8_qdq(x, fmt, granularity, other, pow2_scale)
+    return OQ.torch_fp8_qdq(x, fmt, granularity, other, pow2_scale)
 
 
 def _benign_float64_scale(x, fmt="e4m3", granularity="tensor", dim=-1, pow2_scale=False):
     """Benign: scale from a float64 division rounded to fp32 (the same correctly rounded value),
     dequantized by a float64 division rounded to fp32 (innocuous double rounding: 53 >= 2*24+2)."""
     xf = x.float()
-    amax = F._torch_amax(xf, granularity, dim % x.dim()).double()
-    s = (torch.finfo(F._TORCH_FP8[fmt]).max / torch.where(amax == 0, 1.0, amax)).float()
+    amax = OQ.torch_amax(xf, granularity, dim % x.dim()).double()
+    s = (torch.finfo(OQ.TORCH_FP8[fmt]).max / torch.where(amax == 0, 1.0, amax)).float()
     s = torch.where(amax == 0, 1.0, s.clamp(max=FP32_MAX))
     if pow2_scale:
         s = torch.exp2(torch.floor(torch.log2(s.double()))).float()
     codes = (xf * s).clamp(-448 if fmt == "e4m3" else -57344, 448 if fmt == "e4m3" else 57344)
-    codes = codes.to(F._TORCH_FP8[fmt]).double()
+    codes = codes.to(OQ.TORCH_FP8[fmt]).double()
     return (codes / s.double()).float().to(x.dtype)
 
 
 def _benign_loop(x, fmt="e4m3", granularity="tensor", dim=-1, pow2_scale=False):
     """Benign: rows one at a time (row granularity), or the whole tensor otherwise."""
     if granularity != "row" or x.dim() != 2:
-        return F.torch_fp8_qdq(x, fmt, granularity, dim, pow2_scale)
+        return OQ.torch_fp8_qdq(x, fmt, granularity, dim, pow2_scale)
     xt = x if dim % 2 == 1 else x.T
-    out = torch.stack([F.torch_fp8_qdq(r[None], fmt, "tensor", -1, pow2_scale)[0] for r in xt])
+    out = torch.stack([OQ.torch_fp8_qdq(r[None], fmt, "tensor", -1, pow2_scale)[0] for r in xt])
     return out if dim % 2 == 1 else out.T
 
 
@@ -286,7 +287,7 @@ def test_planted_faults_are_caught(fault):
     assert worst > 0  # the exact policy (max ULP 0) rejects it
 
 
-@pytest.mark.parametrize("fn", [F.torch_fp8_qdq, _benign_float64_scale, _benign_loop])
+@pytest.mark.parametrize("fn", [OQ.torch_fp8_qdq, _benign_float64_scale, _benign_loop])
 @pytest.mark.parametrize("pow2", [False, True])
 def test_torch_kernel_and_benign_variants_are_bit_exact(fn, pow2):
     x = _probe_inputs()
@@ -296,12 +297,12 @@ def test_torch_kernel_and_benign_variants_are_bit_exact(fn, pow2):
 
 @pytest.mark.slow  # the exact reference on grid cases: ~5 s alone, 30 s on a loaded 2-core box
 def test_torch_kernel_verifies_through_nc_verify():
-    from numcheck.ops import get_op
+    from numcheck.catalog import get_op
     spec = get_op("fp8_qdq")
     assert spec.policy.max_ulp == 0
-    from numcheck.ops import as_kernel
+    from numcheck.catalog import as_kernel
     from numcheck.run import run_case
     cases = spec.grid("quick")[4:10]  # a slice of the grid keeps this file fast
     for c in cases:
-        recs = run_case(spec, as_kernel("fp8_qdq", F.torch_fp8_qdq), c, "cpu")
-        assert recs[0]["status"] == "passed", recs[0]["reason"]
+        recs = run_case(spec, as_kernel("fp8_qdq", OQ.torch_fp8_qdq), c, "cpu")
+        assert recs[0].status == "passed", recs[0].reason

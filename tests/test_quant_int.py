@@ -10,6 +10,7 @@ import numcheck as nc
 from numcheck import inputs
 from numcheck.errors import UsageError
 from numcheck.quant import int4_qdq, int4_quantize, int8_qdq, int8_quantize
+from numcheck.ops import quant as OQ
 from numcheck.quant import intq as Q
 
 
@@ -142,15 +143,15 @@ def test_asymmetric_range_fault_caught():
 def test_torch_kernels_bit_exact(dist, dtype):
     x = inputs.draw(dist, (16, 384), seed=6, fmt=str(dtype).removeprefix("torch.")).to(dtype)
     for dim in (-1, 0):
-        assert _max_ulp(Q.torch_int8_qdq, x, dim) == 0
-    assert _max_ulp(Q.torch_int8_qdq, _ties()) == 0
+        assert _max_ulp(OQ.torch_int8_qdq, x, dim) == 0
+    assert _max_ulp(OQ.torch_int8_qdq, _ties()) == 0
     ref4 = Q.int4_qdq_reference(x)
-    out4 = Q.torch_int4_qdq(x)
+    out4 = OQ.torch_int4_qdq(x)
     assert int(nc.ulp_distance(out4, nc.round_to(ref4, dtype), dtype).max()) == 0
 
 
 def test_ops_registered_exact():
-    from numcheck.ops import get_op, kernels
+    from numcheck.catalog import get_op, kernels
     for op in ("int8_qdq", "int4_qdq"):
         assert get_op(op).policy.max_ulp == 0
         assert "torch" in kernels(op)

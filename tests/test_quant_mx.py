@@ -379,18 +379,18 @@ def test_verify_catches_planted_faults(fault):
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         v = nc.verify("mx_qdq", _faulty_kernel(fault), device="cpu")
-    assert v.passed == (fault == "benign"), [r["reason"] for r in v.failures][:3]
+    assert v.passed == (fault == "benign"), [r.reason for r in v.failures][:3]
     if fault == "zero_nan":
-        assert any("non-finite" in r["reason"] for r in v.failures)
+        assert any("non-finite" in r.reason for r in v.failures)
 
 
 def test_torch_kernel_passes_bit_exact():
-    from numcheck.ops import kernels
+    from numcheck.catalog import kernels
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         v = nc.verify("mx_qdq", kernels("mx_qdq")["torch"], device="cpu")
-    assert v.passed, [r["reason"] for r in v.failures][:3]
-    ran = [r for r in v.records if r["status"] == "passed"]
-    assert ran and all(r["kernel_max_ulp"] == 0 for r in ran)
-    skipped = [r for r in v.records if r["status"] == "skipped"]
-    assert skipped and all("no conversion" in r["reason"] for r in skipped)
+    assert v.passed, [r.reason for r in v.failures][:3]
+    ran = [r for r in v.records if r.status == "passed"]
+    assert ran and all(r.kernel_stats.max_ulp == 0 for r in ran)
+    skipped = [r for r in v.records if r.status == "skipped"]
+    assert skipped and all("no conversion" in r.reason for r in skipped)

@@ -248,11 +248,11 @@ def test_benign_dequant_association_is_bit_exact(xs):
 def test_torch_kernel_passes_sqnr_gap():
     """The built-in torch kernel (Transformer Engine's fp32 order) is not bit-exact with the
     exact quantizer but matches its error: it passes the op's k = 1.25 SQNR-gap policy."""
-    from numcheck.ops import kernels
+    from numcheck.catalog import kernels
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         v = nc.verify("nvfp4_qdq", kernels("nvfp4_qdq")["torch"], device="cpu")
-    assert v.passed, [r["reason"] for r in v.failures][:3]
+    assert v.passed, [r.reason for r in v.failures][:3]
     x = torch.randn(64, 1024, generator=torch.Generator().manual_seed(7)).to(torch.bfloat16)
     k = kernels("nvfp4_qdq")["torch"].fn(x)
     diff = (k != nvfp4_qdq(x)).double().mean().item()

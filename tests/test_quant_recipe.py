@@ -13,11 +13,12 @@ import dataclasses
 import pytest
 import torch
 
-from numcheck import inputs
+from numcheck import inputs, round_to
 from numcheck.errors import UsageError
+from numcheck.ops import quant as OQ
 from numcheck.ops.matmul import matmul_reference
-from numcheck.quant import (RECIPES, QuantRecipe, Quantizer, fp8_qdq, get_recipe, int8_qdq,
-                            scaled_matmul, scaled_matmul_reference)
+from numcheck.quant import (RECIPES, QuantFormat, QuantRecipe, Quantizer, fp8_qdq, get_recipe,
+                            int8_qdq, scaled_matmul, scaled_matmul_reference)
 from numcheck.quant import recipe as R
 
 NAMES = ["fp8_tensor", "fp8_row", "fp8_block", "mxfp8", "mxfp8_rceil", "mxfp6", "mxfp4",
@@ -39,6 +40,43 @@ def test_recipe_names_and_lookup():
     with pytest.raises(UsageError, match="hadamard"):
         QuantRecipe("x", hadamard=8)
 
+
+
+@pytest.mark.parametrize("q, name, elem, bits, block", [
+    (Quantizer("fp8", fmt="e5m2", granularity="block128"), "fp8_e5m2_block128", "e5m2", 8, 128),
+    (Quantizer("fp8", granularity="row", pow2_scale=True), "fp8_e4m3_row", "e4m3", 8, None),
+    (Quantizer("mx", fmt="e2m1", scale_mode="rceil"), "mx_e2m1_rceil", "e2m1", 4, 32),
+    (Quantizer("mx", fmt="e2m3"), "mx_e2m3_floor", "e2m3", 6, 32),
+    (Quantizer("nvfp4", two_d=True), "nvfp4_2d", "e2m1", 4, (16, 16)),
+    (Quantizer("int8"), "int8", "int8", 8, None),
+    (Quantizer("int4", block=128), "int4", "int4", 4, 128),
+], ids=lambda v: v if isinstance(v, str) else None)
+def test_quantizer_asks_its_family_format(q, name, elem, bits, block):
+    """A Quantizer hands every call to its family's QuantFormat: qdq is the format's, and the
+    format's decode(encode(x)) rounded once to x's dtype is that qdq."""
+    f = q.format
+    assert isinstance(f, QuantFormat)
+    assert (f.name, f.elem, f.bits, f.block) == (name, elem, bits, block)
+    x = inputs.draw("outlier_channels", (32, 256), seed=9, fmt="bf16").to(torch.bfloat16)
+    out = q.qdq(x, dim=-1)
+    assert torch.equal(out, f.qdq(x, -1))
+    assert torch.equal(out, round_to(f.decode(f.encode(x, -1)), "bf16").to(torch.bfloat16))
+
+
+def test_format_attributes_and_validation():
+    assert Quantizer("int8").format.unit_roundoff == 0.5 / 127
+    assert Quantizer("int4").format.unit_roundoff == 0.5 / 7
+    assert Quantizer("fp8", fmt="e5m2").format.unit_roundoff == 2.0**-3
+    assert Quantizer("mx", fmt="e2m1").format.amax_overshoot == 8 / 6  # floor: 2^(emax+1) / max
+    assert Quantizer("mx", fmt="e4m3").format.amax_overshoot == 512 / 448
+    assert Quantizer("mx", fmt="e4m3", scale_mode="rceil").format.amax_overshoot == 1.0
+    assert Quantizer("nvfp4").format.amax_overshoot == 1.0
+    with pytest.raises(UsageError, match="stochastic"):
+        Quantizer("int4", rounding="sr")
+    with pytest.raises(UsageError, match="e4m3"):
+        Quantizer("fp8", fmt="e2m1")
+    with pytest.raises(UsageError, match="elem"):
+        Quantizer("mx", fmt="fp16")
 
 def test_qdq_roles():
     x = inputs.draw("normal", (8, 256), seed=0, fmt="bf16").to(torch.bfloat16)
@@ -160,24 +198,24 @@ def test_torch_scaled_mm_matches_reference_within_gemm_bound():
     for name in ("fp8_tensor", "fp8_row"):
         a = inputs.draw("outlier_channels", (32, 512), seed=7, fmt="bf16").to(torch.bfloat16)
         b = inputs.draw("normal", (512, 48), seed=8, fmt="bf16").to(torch.bfloat16)
-        out = R.torch_scaled_mm(a, b, name)
+        out = OQ.torch_scaled_mm(a, b, name)
         ref = scaled_matmul_reference(a, b, name)
         qa, qb = R.dequantized_operands(a, b, name)
         scale = matmul_reference(qa.abs(), qb.abs())
         ratio = float(((out.double() - ref).abs() / (2.0**-24 * scale)).max())
-        assert ratio <= R._BOUND_C + 512, (name, ratio)
+        assert ratio <= OQ.BOUND_C + 512, (name, ratio)
 
 
 def test_torch_scaled_mm_skips_other_recipes_with_reason():
     for name in NAMES:
-        reason = R._scaled_mm_reason(RECIPES[name])
+        reason = OQ.scaled_mm_reason(RECIPES[name])
         assert (reason is None) == (name in ("fp8_tensor", "fp8_row")), (name, reason)
-    assert "CUDA" in R._scaled_mm_reason(RECIPES["fp8_block"])
-    assert "int8" in R._scaled_mm_reason(RECIPES["int8"])
+    assert "CUDA" in OQ.scaled_mm_reason(RECIPES["fp8_block"])
+    assert "int8" in OQ.scaled_mm_reason(RECIPES["int8"])
 
 
 @pytest.mark.slow  # runs the op's grid cases for the torch kernel through numcheck's pipeline
 def test_scaled_matmul_op_verifies_torch_kernel():
     from numcheck.run import verify
-    v = verify("scaled_matmul", R.torch_scaled_mm, device="cpu")
+    v = verify("scaled_matmul", OQ.torch_scaled_mm, device="cpu")
     assert v.passed and v.executed >= 4

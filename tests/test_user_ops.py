@@ -10,7 +10,7 @@ import torch.nn.functional as F
 import numcheck as nc
 from numcheck import inputs
 from numcheck.cases import make_grid
-from numcheck.ops import KERNELS, OPS, kernels
+from numcheck.catalog import CATALOG, kernels
 from numcheck.ops.norms import rms_norm_reference
 
 pytestmark = pytest.mark.filterwarnings("ignore:Mismatch dtype")
@@ -18,10 +18,8 @@ pytestmark = pytest.mark.filterwarnings("ignore:Mismatch dtype")
 
 @pytest.fixture
 def registry_snapshot():
-    ops, kern = dict(OPS), {k: dict(v) for k, v in KERNELS.items()}
-    yield
-    OPS.clear(), OPS.update(ops)
-    KERNELS.clear(), KERNELS.update(kern)
+    with CATALOG.restoring():
+        yield
 
 
 def _norm_quant_inputs(case):
@@ -61,7 +59,7 @@ def test_user_op_norm_plus_quantize(registry_snapshot):
     good = nc.verify("rms_norm_e4m3", _fused, device="cpu")
     assert good.passed, good.summary()
     bad = nc.verify("rms_norm_e4m3", _fused_truncating, device="cpu")
-    assert not bad.passed and "truncation" in bad.failures[0]["reason"]
+    assert not bad.passed and "truncation" in bad.failures[0].reason
 
 
 def test_user_op_cannot_shadow_builtin():
@@ -78,9 +76,9 @@ def test_kernel_decorator_registers_and_verify_uses_its_name(registry_snapshot):
     assert kernels("rms_norm")["my_rmsnorm"].fn is my_rmsnorm
     v = nc.verify("rms_norm", my_rmsnorm, device="cpu")
     assert v.kernel == "my_rmsnorm" and v.passed, v.summary()
-    skipped = [r for r in v.records if r["status"] == "skipped"]
-    assert skipped and all("supports bf16" in r["reason"] for r in skipped)
-    assert all(r["output"] == "out" for r in v.records)  # forward_only: no gradient records
+    skipped = [r for r in v.records if r.status == "skipped"]
+    assert skipped and all("supports bf16" in r.reason for r in skipped)
+    assert all(r.output == "out" for r in v.records)  # forward_only: no gradient records
 
 
 def test_separate_backward_function_is_used(registry_snapshot):
@@ -100,7 +98,7 @@ def test_separate_backward_function_is_used(registry_snapshot):
 
     v = nc.verify("rms_norm", fwd, device="cpu")
     assert v.passed, v.summary() and calls
-    assert {r["output"] for r in v.records if r["status"] == "passed"} >= {"grad_x", "grad_weight"}
+    assert {r.output for r in v.records if r.status == "passed"} >= {"grad_x", "grad_weight"}
 
 
 def test_everything_skipped_fails_rule_11(registry_snapshot):
@@ -138,6 +136,6 @@ def test_numerics_state_is_pinned_and_restored(registry_snapshot):
         v = nc.verify("rms_norm", spy, device="cpu")
         assert seen["state"] == numerics.PINNED
         assert numerics.current() == relaxed
-        assert "threads=2" in v.records[0]["numerics"]
+        assert "threads=2" in v.records[0].numerics
     finally:
         numerics.apply(caller)

@@ -9,7 +9,7 @@ from .gate import window_regression
 from .linear import QuantLinear, apply_recipe
 from .models import MODELS
 from .records import to_records
-from .run import CASE_SETS, ConvergenceRun, converge
+from .run import RUN_SETTINGS, ConvergenceRun, converge
 
-__all__ = ["CASE_SETS", "MODELS", "ConvergenceRun", "QuantLinear", "apply_recipe", "converge",
+__all__ = ["RUN_SETTINGS", "MODELS", "ConvergenceRun", "QuantLinear", "apply_recipe", "converge",
            "to_records", "window_regression"]

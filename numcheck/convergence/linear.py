@@ -185,14 +185,9 @@ def apply_recipe(model: nn.Module, recipe, state: QuantState | None = None) -> n
 
 
 def _margin(recipe, role: str) -> float:
-    """Saturation margin of a role: MX ``floor`` scales saturate by design (the OCP rule puts
-    a block's amax in [2^emax, 2^(emax+1)) of the element grid, above its max for every element
-    type: e2m1 8/6, e4m3 512/448), so only values beyond that design ratio count there."""
-    qz = getattr(recipe, role, None)
-    if getattr(qz, "kind", None) == "mx" and getattr(qz, "scale_mode", None) == "floor":
-        import math
-
-        from ..formats import get
-        f = get(qz.fmt)
-        return max(SAT_MARGIN, 2.0 ** (math.floor(math.log2(f.max)) + 1) / f.max)
-    return SAT_MARGIN
+    """Saturation margin of a role: formats whose block amax lands above the element max by
+    design (MX ``floor`` scales: the OCP rule puts it in [2^emax, 2^(emax+1)) of the element
+    grid, above its max for every element type: e2m1 8/6, e4m3 512/448; the format's
+    ``amax_overshoot``) count only values beyond that design ratio."""
+    fmt = getattr(getattr(recipe, role, None), "format", None)
+    return SAT_MARGIN if fmt is None else max(SAT_MARGIN, fmt.amax_overshoot)

@@ -40,19 +40,15 @@ class Spec:
     skip: str | None = None
 
 
-def _family(name: str, recipe=None) -> str:
-    """The gap-tolerance class: from a QuantRecipe's operand formats when given, else the name."""
+def _family(recipe=None) -> str:
+    """The gap-tolerance class, from the recipe's operand formats (the first of x, w that has a
+    quantizer): "fp4" for 4-bit elements, else "fp8". A recipe without formats to ask (a module
+    factory, a recipe that does not import) is held to the stricter 8-bit tolerance."""
     for role in ("x", "w"):
-        q = getattr(recipe, role, None)
-        if q is not None:
-            four_bit = q.kind in ("nvfp4", "int4") or (q.kind == "mx" and q.fmt == "e2m1")
-            return "fp4" if four_bit else "fp8"
-    n = name.lower()
-    if "fp4" in n or "int4" in n:
-        return "fp4"
-    if "fp8" in n or "float8" in n or "int8" in n:
-        return "fp8"
-    return "fp8"  # unknown user recipes: held to the stricter 8-bit tolerance
+        fmt = getattr(getattr(recipe, role, None), "format", None)
+        if fmt is not None:
+            return "fp4" if fmt.bits <= 4 else "fp8"
+    return "fp8"
 
 
 def _quant_registry():
@@ -85,9 +81,9 @@ def resolve(name: str, value=None) -> Spec:
     """A Spec for ``name`` (and an optional object: QuantRecipe or module factory)."""
     if value is not None:
         if is_quant_recipe(value):
-            return Spec(name, "quant", value, _family(getattr(value, "name", name), value))
+            return Spec(name, "quant", value, _family(value))
         if callable(value):
-            return Spec(name, "factory", value, _family(name))
+            return Spec(name, "factory", value, _family())
         raise UsageError(f"recipes[{name!r}] = {value!r}: pass a QuantRecipe or a callable "
                          "nn.Linear -> nn.Module")
     if name in ("fp32", "bf16"):
@@ -97,8 +93,8 @@ def resolve(name: str, value=None) -> Spec:
         return Spec(name, "convert", conv, "fp8", skip=why)
     reg, why = _quant_registry()
     if reg is None:
-        return Spec(name, "quant", None, _family(name), skip=why)
+        return Spec(name, "quant", None, _family(), skip=why)
     if name not in reg:
         raise UsageError(f"recipe {name!r}: use fp32, bf16, {', '.join(TORCHAO_RECIPES)} or one "
                          f"of numcheck.quant.recipe.RECIPES ({', '.join(sorted(reg))})")
-    return Spec(name, "quant", reg[name], _family(name, reg[name]))
+    return Spec(name, "quant", reg[name], _family(reg[name]))

@@ -23,17 +23,22 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from ..cases import check_case_set
 from ..errors import UsageError
+from .. import verdict
+from ..records import Record
 from . import gate
 from .models import MODELS
 from .recipes import DEFAULT_RECIPES, Spec, resolve
+from .records import to_records
+from .rules import table
 from .train import train
 
-__all__ = ["CASE_SETS", "ConvergenceRun", "converge", "reference_run"]
+__all__ = ["RUN_SETTINGS", "ConvergenceRun", "converge", "reference_run"]
 
 # quick: 3 seeds x 100 steps on every model (CI minutes on 2 cores); full: 5 seeds x 200 steps.
 # 3 seeds is the fewest that gives a seed band at all; 100 steps is 4 windows after warm-up.
-CASE_SETS = {"quick": {"steps": 100, "seeds": (0, 1, 2)},
+RUN_SETTINGS = {"quick": {"steps": 100, "seeds": (0, 1, 2)},
              "full": {"steps": 200, "seeds": (0, 1, 2, 3, 4)}}
 
 _REF_CACHE: dict[tuple, dict] = {}
@@ -78,13 +83,14 @@ class ConvergenceRun:
     def reference(self) -> RecipeResult:
         return self.results["fp32"]
 
-    def records(self) -> list[dict]:
-        from .records import to_records
-        return to_records(self)
+    def records(self) -> list[Record]:
+        """One judged record per recipe (numcheck.verdict)."""
+        return [verdict.judge(r) for r in to_records(self)]
 
     def table(self) -> str:
-        from .records import table
-        return table(self)
+        """The loss-gap table of the run (terminal text)."""
+        return (f"{self.model}: {self.steps} steps x seeds {list(self.seeds)} "
+                f"({self.wall_s:.1f} s)\n" + table(self.records()))
 
     def plot(self, path) -> str:
         from .plot import plot_run
@@ -147,10 +153,9 @@ def converge(model: str, recipes=None, steps: int | None = None, seeds=None,
     """
     if model not in MODELS:
         raise UsageError(f"model={model!r}: use one of {', '.join(MODELS)}")
-    if cases not in CASE_SETS:
-        raise UsageError(f"cases={cases!r}: use quick or full")
-    steps = int(steps or CASE_SETS[cases]["steps"])
-    seeds = tuple(seeds if seeds is not None else CASE_SETS[cases]["seeds"])
+    check_case_set(cases)
+    steps = int(steps or RUN_SETTINGS[cases]["steps"])
+    seeds = tuple(seeds if seeds is not None else RUN_SETTINGS[cases]["seeds"])
     if steps < 2 * gate.WINDOW or not seeds:
         raise UsageError(f"steps={steps}, seeds={seeds}: need >= {2 * gate.WINDOW} steps and a "
                          "seed")

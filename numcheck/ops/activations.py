@@ -51,9 +51,10 @@ import torch
 import torch.nn.functional as F
 
 from .. import formats, inputs
-from ..cases import make_grid
+from ..cases import Case, make_grid
+from ..compiled import compiled_kernel
 from ..policy import Policy
-from . import Case, Kernel, OpSpec, register_kernel, register_op
+from ..registry import Kernel, OpSpec
 
 _SQRT1_2 = 1.0 / math.sqrt(2.0)
 _TANH_K = math.sqrt(2.0 / math.pi)  # the tanh approximation's constants (Hendrycks & Gimpel)
@@ -223,24 +224,6 @@ _ACT_POLICY = Policy(bound_c=4.0, notes="componentwise, relative: x sigmoid(x) (
 # baseline 1.5; bf16/fp16 <= 1.6.
 _GELU_POLICY = Policy(bound_c=8.0, notes="componentwise, u |x|: 1 + erf cancels for x < 0")
 
-register_op(OpSpec(
-    "gelu", _gelu_inputs, gelu_reference, gelu_baseline,
-    make_grid("gelu", {**_FACTORS, "approximate": list(APPROXIMATE)}, extra_full=_FULL),
-    _GELU_POLICY, grad_args=("x",), blocks=_blocks, scale=_gelu_scale,
-    skip_grads=_gelu_skip_grads,
-    doc="gelu(x, approximate='none'|'tanh'): x Phi(x), or its tanh approximation"))
-register_op(OpSpec(
-    "silu", _silu_inputs, silu_reference, silu_baseline,
-    make_grid("silu", _FACTORS, extra_full=_FULL),
-    _ACT_POLICY, grad_args=("x",), blocks=_blocks, scale=_silu_scale,
-    doc="silu(x) = x sigmoid(x)"))
-register_op(OpSpec(
-    "swiglu", _swiglu_inputs, swiglu_reference, swiglu_baseline,
-    make_grid("swiglu", _FACTORS, extra_full=_FULL),
-    _ACT_POLICY, grad_args=("a", "b"), blocks=_blocks, scale=_swiglu_scale,
-    skip_grads=_swiglu_skip_grads,
-    doc="swiglu(a, b) = silu(a) * b (gate a, up-projection b, same shape)"))
-
 
 def _torch_gelu_vectorized_erf(case: Case, device: str, output: str) -> str | None:
     """Finding (tests/test_ops_activations.py): torch's CPU fp32 gelu (exact form) evaluates erf
@@ -254,6 +237,30 @@ def _torch_gelu_vectorized_erf(case: Case, device: str, output: str) -> str | No
     return None
 
 
-register_kernel(Kernel("gelu", "torch", _eager_gelu, known_failure=_torch_gelu_vectorized_erf))
-register_kernel(Kernel("silu", "torch", _eager_silu))
-register_kernel(Kernel("swiglu", "torch", _eager_swiglu))
+# ---- declared ops and kernels (registered by numcheck.catalog) -------------------------
+
+OPS = (
+    OpSpec(
+        "gelu", _gelu_inputs, gelu_reference, gelu_baseline,
+        make_grid("gelu", {**_FACTORS, "approximate": list(APPROXIMATE)}, extra_full=_FULL),
+        _GELU_POLICY, grad_args=("x",), blocks=_blocks, scale=_gelu_scale,
+        skip_grads=_gelu_skip_grads,
+        doc="gelu(x, approximate='none'|'tanh'): x Phi(x), or its tanh approximation"),
+    OpSpec(
+        "silu", _silu_inputs, silu_reference, silu_baseline,
+        make_grid("silu", _FACTORS, extra_full=_FULL),
+        _ACT_POLICY, grad_args=("x",), blocks=_blocks, scale=_silu_scale,
+        doc="silu(x) = x sigmoid(x)"),
+    OpSpec(
+        "swiglu", _swiglu_inputs, swiglu_reference, swiglu_baseline,
+        make_grid("swiglu", _FACTORS, extra_full=_FULL),
+        _ACT_POLICY, grad_args=("a", "b"), blocks=_blocks, scale=_swiglu_scale,
+        skip_grads=_swiglu_skip_grads,
+        doc="swiglu(a, b) = silu(a) * b (gate a, up-projection b, same shape)"),
+)
+KERNELS = (
+    Kernel("gelu", "torch", _eager_gelu, known_failure=_torch_gelu_vectorized_erf),
+    Kernel("silu", "torch", _eager_silu),
+    Kernel("swiglu", "torch", _eager_swiglu),
+    compiled_kernel("swiglu", _eager_swiglu),
+)

@@ -60,9 +60,10 @@ import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from .. import formats, inputs
-from ..cases import make_grid
+from ..cases import Case, make_grid
+from ..compiled import compiled_kernel
 from ..policy import Policy
-from . import Case, Kernel, OpSpec, register_kernel, register_op
+from ..registry import Kernel, OpSpec
 
 # Largest |logit| of a large_logits case: above ln(fp32 max) = 88.7, so exp without max
 # subtraction overflows in bf16/fp32 as well as fp16; attention logit growth in large models
@@ -412,19 +413,15 @@ _FACTORS = {"dtype": ["fp32", "bf16", "fp16"], "shape": _SHAPES, "dist": list(DI
 # an explicit softmax scale (4x the default logits for D=64).
 _FULL = {"shape": _FULL_SHAPES, "layout": ["sliced", "transposed"], "scale": [0.5]}
 
-_base_grid = make_grid("sdpa", _FACTORS, extra_full=_FULL)
+def _attn_params(c: Case) -> Case:
+    """The attn factor turned into the causal and mask params."""
+    p = dict(c.params)
+    causal, mask = _ATTN[p.pop("attn")]
+    return dataclasses.replace(c, params=(("causal", causal), ("mask", mask),
+                                          ("layout", p["layout"]), ("scale", p["scale"])))
 
 
-def sdpa_grid(cases: str) -> list[Case]:
-    """make_grid's pairwise cases, the attn factor turned into the causal and mask params."""
-    out = []
-    for c in _base_grid(cases):
-        p = dict(c.params)
-        causal, mask = _ATTN[p.pop("attn")]
-        params = (("causal", causal), ("mask", mask), ("layout", p["layout"]),
-                  ("scale", p["scale"]))
-        out.append(dataclasses.replace(c, params=params))
-    return out
+sdpa_grid = make_grid("sdpa", _FACTORS, extra_full=_FULL, transform=_attn_params)
 
 
 def _rows(case: Case, shape: torch.Size):
@@ -452,15 +449,6 @@ def _unjudged_grads(case: Case) -> tuple[str, ...]:
         return ("q", "k")
     return ("q", "k") if case.dist in _PEAKED else ()
 
-
-register_op(OpSpec(
-    "sdpa", _sdpa_inputs, sdpa_reference, sdpa_baseline, sdpa_grid,
-    # The defaults: baseline rule k = 2 (FlashAttention's tests), floor 2u (one rounding more
-    # than the baseline), gradients k = 4 / floor 4u (a backward chains more roundings).
-    Policy(notes="baseline rule only: P V cancels, no ULP or componentwise gate"),
-    grad_args=("q", "k", "v"), blocks=_rows, skip_grads=_unjudged_grads,
-    doc="sdpa(q, k, v, attn_mask=None, is_causal=False, scale=None); Case.shape = "
-        "(B, H, Hkv, S, Skv, D), q (B, H, S, D), k/v (B, Hkv, Skv, D); fully masked rows -> 0"))
 
 def _pow2(x: float) -> bool:
     return math.frexp(x)[0] == 0.5
@@ -496,14 +484,58 @@ def _math_prescaled_logits(case: Case, device: str, output: str) -> str | None:
     return None
 
 
-register_kernel(Kernel("sdpa", "sdpa_math", _sdpa_under(SDPBackend.MATH),
-                       known_failure=_math_prescaled_logits))
-register_kernel(Kernel("sdpa", "sdpa_flash", _sdpa_under(SDPBackend.FLASH_ATTENTION),
-                       supports=_flash_supports, known_failure=_cpu_flash_lse_backward))
-register_kernel(Kernel("sdpa", "sdpa_efficient", _sdpa_under(SDPBackend.EFFICIENT_ATTENTION),
-                       devices=("cuda",), supports=_efficient_supports))
-register_kernel(Kernel("sdpa", "sdpa_cudnn", _sdpa_under(SDPBackend.CUDNN_ATTENTION),
-                       devices=("cuda",), dtypes=("fp16", "bf16"), supports=_cudnn_supports))
 # Eager flex_attention has no backward on CPU (NotImplementedError) and on CUDA its eager path
 # is a debugging reference: forward only.
-register_kernel(Kernel("sdpa", "flex_attention", _flex_attention, forward_only=True))
+
+
+def _compiled_attention(q, k, v, attn_mask=None, is_causal=False, scale=None):
+    """softmax(QK^T * scale + mask) V written out (GQA by repeat_interleave), the pattern
+    inductor's fuse_attention pass rewrites into scaled_dot_product_attention."""
+    h, hkv = q.shape[-3], k.shape[-3]
+    if hkv != h:
+        k = k.repeat_interleave(h // hkv, dim=-3)
+        v = v.repeat_interleave(h // hkv, dim=-3)
+    sc = scale if scale is not None else 1.0 / math.sqrt(q.shape[-1])
+    s = torch.matmul(q, k.transpose(-2, -1)) * sc
+    if is_causal:
+        keep = torch.ones(s.shape[-2], s.shape[-1], dtype=torch.bool, device=s.device).tril()
+        s = s.masked_fill(~keep, float("-inf"))
+    if attn_mask is not None:
+        s = s.masked_fill(~attn_mask.to(s.device), float("-inf"))
+    return torch.matmul(s.softmax(dim=-1), v)
+
+
+def _compiled_sdpa_known(case: Case, device: str, output: str) -> str | None:
+    """Unmasked, non-causal attention compiles to the CPU flash kernel (forward and backward:
+    checked with the profiler in tests/test_ops_compiled.py), so the flash kernel's declared
+    weakness applies; causal cases run inductor's own bmm + softmax."""
+    return None if case.param("causal") else _cpu_flash_lse_backward(case, device, output)
+
+
+# ---- declared ops and kernels (registered by numcheck.catalog) -------------------------
+
+OPS = (
+    OpSpec(
+        "sdpa", _sdpa_inputs, sdpa_reference, sdpa_baseline, sdpa_grid,
+        # The defaults: baseline rule k = 2 (FlashAttention's tests), floor 2u (one rounding more
+        # than the baseline), gradients k = 4 / floor 4u (a backward chains more roundings).
+        Policy(notes="baseline rule only: P V cancels, no ULP or componentwise gate"),
+        grad_args=("q", "k", "v"), blocks=_rows, skip_grads=_unjudged_grads,
+        doc="sdpa(q, k, v, attn_mask=None, is_causal=False, scale=None); Case.shape = "
+            "(B, H, Hkv, S, Skv, D), q (B, H, S, D), k/v (B, Hkv, Skv, D); fully masked rows -> 0"),
+)
+KERNELS = (
+    Kernel("sdpa", "sdpa_math", _sdpa_under(SDPBackend.MATH),
+        known_failure=_math_prescaled_logits),
+    Kernel("sdpa", "sdpa_flash", _sdpa_under(SDPBackend.FLASH_ATTENTION),
+        supports=_flash_supports, known_failure=_cpu_flash_lse_backward),
+    Kernel("sdpa", "sdpa_efficient", _sdpa_under(SDPBackend.EFFICIENT_ATTENTION),
+        devices=("cuda",), supports=_efficient_supports),
+    Kernel("sdpa", "sdpa_cudnn", _sdpa_under(SDPBackend.CUDNN_ATTENTION),
+        devices=("cuda",), dtypes=("fp16", "bf16"), supports=_cudnn_supports),
+    Kernel("sdpa", "flex_attention", _flex_attention, forward_only=True),
+    # No attn_mask: each mask kind is another graph, and a fully masked row would give NaN here
+    # (softmax over -inf), not the convention's 0. Causal and unmasked cases run.
+    compiled_kernel("sdpa", _compiled_attention, known_failure=_compiled_sdpa_known,
+                    mask=(None,)),
+)

@@ -73,9 +73,9 @@ import torch
 import torch.nn.functional as F
 
 from .. import formats, inputs
-from ..cases import make_grid
+from ..cases import Case, make_grid
 from ..policy import Policy
-from . import Case, Kernel, OpSpec, register_kernel, register_op
+from ..registry import Kernel, OpSpec
 
 # Products alive at once in the explicit formulas (reference, baseline, scale): 2^22 float64 =
 # 32 MiB per chunk, small next to the CPU's caches' worth of work it amortizes.
@@ -173,7 +173,7 @@ def matmul_reference(a, b):
     return _explicit_gemm(a, b, torch.float64)
 
 
-def _naive_gemm32(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+def naive_gemm32(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     """The textbook GEMM loop in fp32: acc = acc + a[..., :, k] b[..., k, :] for k = 0 .. K-1.
 
     A recursive sum over K (Higham's gamma_K is its bound), product and sum rounded separately,
@@ -194,10 +194,10 @@ def _naive_gemm32(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
 
 def matmul_baseline(a, b):
     """Naive GEMM in the compute dtype: the fp32 loop over K, one rounding to a's dtype."""
-    return _naive_gemm32(a, b).to(a.dtype)
+    return naive_gemm32(a, b).to(a.dtype)
 
 
-def _matmul_scale(a, b):
+def matmul_scale(a, b):
     """|A||B| plus the underflow term _ETA (the bound's absolute part)."""
     return _explicit_gemm(a.abs(), b.abs(), torch.float64) + _ETA
 
@@ -212,7 +212,7 @@ def linear_baseline(x, weight, bias=None):
     """Naive linear in the compute dtype: weight and bias cast to x's dtype (what autocast does
     with fp32 master weights), the fp32 loop over K, the bias added in fp32, one rounding."""
     dt = x.dtype
-    out = _naive_gemm32(x, weight.to(dt).mT)
+    out = naive_gemm32(x, weight.to(dt).mT)
     if bias is not None:
         out = out + bias.to(dt).float()
     return out.to(dt)
@@ -385,30 +385,6 @@ def _no_bias(case: Case) -> tuple[str, ...]:
     return () if case.param("bias") else ("bias",)
 
 
-register_op(OpSpec(
-    "matmul", _matmul_inputs, matmul_reference, matmul_baseline,
-    make_grid("matmul", {"dtype": ["fp32", "bf16", "fp16"], "shape": _MM_SHAPES, "dist": _DISTS,
-                         "layout": ["contiguous", "transposed"]},
-              extra_full={"shape": _MM_FULL_SHAPES, "dist": _FULL_DISTS, "layout": ["sliced"]},
-              repair=_repair, probes=_MM_PROBES),
-    _MM_POLICY, grad_args=("a", "b"), blocks=_tiles, scale=_matmul_scale,
-    reduction_len=_acc_len,
-    doc="matmul(a, b): a (..., M, K) @ b (K, N) or (..., K, N); shape (M, K, N) or "
-        "(B, M, K, N)"))
-register_op(OpSpec(
-    "linear", _linear_inputs, linear_reference, linear_baseline,
-    make_grid("linear", {"dtype": ["fp32", "bf16", "fp16"], "shape": _LIN_SHAPES, "dist": _DISTS,
-                         "layout": ["contiguous", "transposed"], "weight": ["same", "fp32"],
-                         "bias": [True, False]},
-              extra_full={"shape": _LIN_FULL_SHAPES, "dist": _FULL_DISTS, "layout": ["sliced"]},
-              repair=_repair, probes=_LIN_PROBES),
-    _LIN_POLICY, grad_args=("x", "weight", "bias"), blocks=_tiles, scale=_linear_scale,
-    reduction_len=_acc_len, skip_grads=_no_bias, out_dtypes=_lin_out_dtypes,
-    doc="linear(x, weight, bias=None) = x W^T + b; x (..., K), weight (N, K), bias (N,); "
-        "shape (rows, K, N) or (B, S, K, N)"))
-
-register_kernel(Kernel("matmul", "torch", _eager_matmul))
-register_kernel(Kernel("linear", "torch", _eager_linear))
 def _tf32_is_not_fp32(case: Case, device: str, output: str) -> str | None:
     """By design: TF32 rounds operands to 10 mantissa bits, ~2^13 x fp32's error; judged by the
     fp32 policy it must fail, which shows numcheck tells TF32 from fp32 (H200: 70-91 dB SQNR
@@ -416,7 +392,36 @@ def _tf32_is_not_fp32(case: Case, device: str, output: str) -> str | None:
     return "TF32 is not fp32: expected to fail the fp32 policy"
 
 
-register_kernel(Kernel("matmul", "torch_tf32", _tf32_matmul_kernel, dtypes=("fp32",),
-                       devices=("cuda",), known_failure=_tf32_is_not_fp32))
-register_kernel(Kernel("linear", "torch_tf32", _tf32_linear_kernel, dtypes=("fp32",),
-                       devices=("cuda",), known_failure=_tf32_is_not_fp32))
+# ---- declared ops and kernels (registered by numcheck.catalog) -------------------------
+
+OPS = (
+    OpSpec(
+        "matmul", _matmul_inputs, matmul_reference, matmul_baseline,
+        make_grid("matmul", {"dtype": ["fp32", "bf16", "fp16"], "shape": _MM_SHAPES, "dist": _DISTS,
+                             "layout": ["contiguous", "transposed"]},
+                  extra_full={"shape": _MM_FULL_SHAPES, "dist": _FULL_DISTS, "layout": ["sliced"]},
+                  repair=_repair, probes=_MM_PROBES),
+        _MM_POLICY, grad_args=("a", "b"), blocks=_tiles, scale=matmul_scale,
+        reduction_len=_acc_len,
+        doc="matmul(a, b): a (..., M, K) @ b (K, N) or (..., K, N); shape (M, K, N) or "
+            "(B, M, K, N)"),
+    OpSpec(
+        "linear", _linear_inputs, linear_reference, linear_baseline,
+        make_grid("linear", {"dtype": ["fp32", "bf16", "fp16"], "shape": _LIN_SHAPES, "dist": _DISTS,
+                             "layout": ["contiguous", "transposed"], "weight": ["same", "fp32"],
+                             "bias": [True, False]},
+                  extra_full={"shape": _LIN_FULL_SHAPES, "dist": _FULL_DISTS, "layout": ["sliced"]},
+                  repair=_repair, probes=_LIN_PROBES),
+        _LIN_POLICY, grad_args=("x", "weight", "bias"), blocks=_tiles, scale=_linear_scale,
+        reduction_len=_acc_len, skip_grads=_no_bias, out_dtypes=_lin_out_dtypes,
+        doc="linear(x, weight, bias=None) = x W^T + b; x (..., K), weight (N, K), bias (N,); "
+            "shape (rows, K, N) or (B, S, K, N)"),
+)
+KERNELS = (
+    Kernel("matmul", "torch", _eager_matmul),
+    Kernel("linear", "torch", _eager_linear),
+    Kernel("matmul", "torch_tf32", _tf32_matmul_kernel, dtypes=("fp32",),
+        devices=("cuda",), known_failure=_tf32_is_not_fp32),
+    Kernel("linear", "torch_tf32", _tf32_linear_kernel, dtypes=("fp32",),
+        devices=("cuda",), known_failure=_tf32_is_not_fp32),
+)

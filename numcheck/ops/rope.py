@@ -19,9 +19,9 @@ from __future__ import annotations
 import torch
 
 from .. import formats, inputs
-from ..cases import make_grid
+from ..cases import Case, make_grid
 from ..policy import Policy
-from . import Case, Kernel, OpSpec, register_kernel, register_op
+from ..registry import Kernel, OpSpec
 
 ROPE_BASE = 10000.0  # RoFormer / Llama's base
 
@@ -91,14 +91,20 @@ _FACTORS = {"dtype": ["fp32", "bf16", "fp16"], "shape": _SHAPES, "dist": _DISTS,
 # Full: positions from 2^17 (a 128k context): large angles, the same kernel arithmetic.
 _FULL = {"shape": _FULL_SHAPES, "dist": _FULL_DISTS, "offset": [131072]}
 
-register_op(OpSpec(
-    "rope", _rope_inputs, rope_reference, rope_baseline,
-    make_grid("rope", _FACTORS, extra_full=_FULL, keep=_keep),
-    # Standard model: x*cos, rotate_half(x)*sin and their sum each rounded once in the compute
-    # dtype give |err| <= 2u (|x cos| + |rh(x) sin|) + O(u^2); one rounding of an fp32 result
-    # stays under 1u.
-    Policy(bound_c=2.0, notes="componentwise bound: x1 cos - x2 sin cancels"),
-    grad_args=("x",), blocks=_rows, scale=_rope_scale,
-    doc="rope(x, cos, sin) = x * cos + rotate_half(x) * sin; x (B, H, S, D), cos/sin (S, D)"))
 
-register_kernel(Kernel("rope", "torch", _eager_rope))
+# ---- declared ops and kernels (registered by numcheck.catalog) -------------------------
+
+OPS = (
+    OpSpec(
+        "rope", _rope_inputs, rope_reference, rope_baseline,
+        make_grid("rope", _FACTORS, extra_full=_FULL, keep=_keep),
+        # Standard model: x*cos, rotate_half(x)*sin and their sum each rounded once in the compute
+        # dtype give |err| <= 2u (|x cos| + |rh(x) sin|) + O(u^2); one rounding of an fp32 result
+        # stays under 1u.
+        Policy(bound_c=2.0, notes="componentwise bound: x1 cos - x2 sin cancels"),
+        grad_args=("x",), blocks=_rows, scale=_rope_scale,
+        doc="rope(x, cos, sin) = x * cos + rotate_half(x) * sin; x (B, H, S, D), cos/sin (S, D)"),
+)
+KERNELS = (
+    Kernel("rope", "torch", _eager_rope),
+)

@@ -58,9 +58,9 @@ import torch
 import torch.nn.functional as F
 
 from .. import formats, inputs
-from ..cases import make_grid
+from ..cases import Case, make_grid
 from ..policy import Policy
-from . import Case, Kernel, OpSpec, register_kernel, register_op
+from ..registry import Kernel, OpSpec
 
 DIMS = {"last": -1, "second_last": -2}
 
@@ -376,26 +376,32 @@ _LSM_POLICY = Policy(**_BOUND, notes="componentwise: log_softmax cancels near 0"
 _CE_POLICY = Policy(**_BOUND, floor_u=8.0,
                     notes="componentwise, scalar: mean of -log_softmax at the targets")
 
-register_op(OpSpec(
-    "softmax", _sm_inputs, softmax_reference, softmax_baseline,
-    make_grid("softmax", _SM_FACTORS, extra_full=_SM_FULL),
-    _SM_POLICY, grad_args=("x",), blocks=_blocks_sm, scale=_softmax_scale,
-    skip_grads=_sm_skip_grads, reduction_len=_reduced_len,
-    doc="softmax(x, dim=-1); dim is the case param 'last' (-1) or 'second_last' (-2)"))
-register_op(OpSpec(
-    "log_softmax", _sm_inputs, log_softmax_reference, log_softmax_baseline,
-    make_grid("log_softmax", _SM_FACTORS, extra_full=_SM_FULL),
-    _LSM_POLICY, grad_args=("x",), blocks=_blocks_sm, scale=_log_softmax_scale,
-    reduction_len=_reduced_len,
-    doc="log_softmax(x, dim=-1); dim is the case param 'last' (-1) or 'second_last' (-2)"))
-register_op(OpSpec(
-    "cross_entropy", _ce_inputs, cross_entropy_reference, cross_entropy_baseline,
-    make_grid("cross_entropy", _CE_FACTORS, extra_full=_CE_FULL, keep=_ce_keep),
-    _CE_POLICY, grad_args=("logits",), blocks=_blocks_ce, scale=_ce_scale,
-    out_dtypes=_out_dtypes_ce, reduction_len=lambda case: case.shape[-1],
-    doc="cross_entropy(logits (N, C), target (N,) int64 kwarg on the CPU), mean reduction"))
 
-register_kernel(Kernel("softmax", "torch", _eager_softmax))
-register_kernel(Kernel("log_softmax", "torch", _eager_log_softmax))
-register_kernel(Kernel("cross_entropy", "torch", _eager_cross_entropy,
-                       known_failure=_torch_half_log_softmax_rounds_sum))
+# ---- declared ops and kernels (registered by numcheck.catalog) -------------------------
+
+OPS = (
+    OpSpec(
+        "softmax", _sm_inputs, softmax_reference, softmax_baseline,
+        make_grid("softmax", _SM_FACTORS, extra_full=_SM_FULL),
+        _SM_POLICY, grad_args=("x",), blocks=_blocks_sm, scale=_softmax_scale,
+        skip_grads=_sm_skip_grads, reduction_len=_reduced_len,
+        doc="softmax(x, dim=-1); dim is the case param 'last' (-1) or 'second_last' (-2)"),
+    OpSpec(
+        "log_softmax", _sm_inputs, log_softmax_reference, log_softmax_baseline,
+        make_grid("log_softmax", _SM_FACTORS, extra_full=_SM_FULL),
+        _LSM_POLICY, grad_args=("x",), blocks=_blocks_sm, scale=_log_softmax_scale,
+        reduction_len=_reduced_len,
+        doc="log_softmax(x, dim=-1); dim is the case param 'last' (-1) or 'second_last' (-2)"),
+    OpSpec(
+        "cross_entropy", _ce_inputs, cross_entropy_reference, cross_entropy_baseline,
+        make_grid("cross_entropy", _CE_FACTORS, extra_full=_CE_FULL, keep=_ce_keep),
+        _CE_POLICY, grad_args=("logits",), blocks=_blocks_ce, scale=_ce_scale,
+        out_dtypes=_out_dtypes_ce, reduction_len=lambda case: case.shape[-1],
+        doc="cross_entropy(logits (N, C), target (N,) int64 kwarg on the CPU), mean reduction"),
+)
+KERNELS = (
+    Kernel("softmax", "torch", _eager_softmax),
+    Kernel("log_softmax", "torch", _eager_log_softmax),
+    Kernel("cross_entropy", "torch", _eager_cross_entropy,
+        known_failure=_torch_half_log_softmax_rounds_sum),
+)

@@ -51,6 +51,7 @@ import torch
 
 from .. import formats
 from ..errors import UsageError
+from .base import QuantFormat, norm_dim, to64, to_dtype
 
 FP8_FORMATS = ("e4m3", "e5m2")
 GRANULARITIES = ("tensor", "row", "block128", "block128x128")
@@ -58,40 +59,17 @@ BLOCK = 128  # DeepSeek-V3 fine-grained FP8: 1x128 activation tiles, 128x128 wei
 _FP32_MAX = formats.get("fp32").max  # the scale is an fp32 number (DESIGN rule 10: clamp)
 
 
-def _fmt(fmt) -> formats.Format:
+def check_fmt(fmt) -> formats.Format:
+    """The FP8 element format named ``fmt`` (UsageError unless e4m3 or e5m2)."""
     f = formats.get(fmt)
     if f.name not in FP8_FORMATS:
         raise UsageError(f"fmt={fmt!r}: FP8 quantization takes 'e4m3' or 'e5m2'")
     return f
 
 
-def _check_gran(granularity: str) -> None:
+def check_granularity(granularity: str) -> None:
     if granularity not in GRANULARITIES:
         raise UsageError(f"granularity={granularity!r}: use one of {', '.join(GRANULARITIES)}")
-
-
-def _norm_dim(x: torch.Tensor, dim: int) -> int:
-    if x.dim() == 0:
-        raise UsageError("x is a scalar: quantize a tensor with at least one dimension")
-    if not -x.dim() <= dim < x.dim():
-        raise UsageError(f"dim={dim} is out of range for x of shape {tuple(x.shape)}")
-    return dim % x.dim()
-
-
-def to64(x) -> torch.Tensor:
-    """x's values as float64 (exact for every float dtype)."""
-    if not isinstance(x, torch.Tensor):
-        x = torch.as_tensor(x, dtype=torch.float64)
-    if not x.is_floating_point():
-        raise UsageError(f"x has dtype {x.dtype}; quantizers take floating-point tensors")
-    return x.detach().to(torch.float64)
-
-
-def to_dtype(v64: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    """float64 values rounded ONCE (numcheck's RNE) to dtype; float64 stays as it is."""
-    if dtype == torch.float64:
-        return v64
-    return formats.round_to(v64, dtype, saturate=False).to(dtype)
 
 
 # ---- group amax / scale expansion (shared with intq.py) ----------------------------------------
@@ -144,8 +122,7 @@ def encode_scale(amax64: torch.Tensor, fmt_max: float, pow2_scale: bool) -> torc
 
 def pow2_floor(s: torch.Tensor) -> torch.Tensor:
     """2^floor(log2 s) for positive finite normal float64 s, from the exponent bits (NaN stays)."""
-    e = (s.view(torch.int64) >> 52) - 1023
-    p = ((e + 1023) << 52).view(torch.float64)
+    p = formats.pow2(formats.floor_log2(s))
     return torch.where(torch.isfinite(s) & (s > 0), p, s)
 
 
@@ -179,12 +156,12 @@ def _quantize_values(x64, scale_full, f, rounding, generator):
 def fp8_quantize(x, fmt="e4m3", granularity="tensor", dim=-1, pow2_scale=False,
                  rounding="rne", generator=None) -> FP8Quantized:
     """FP8 current scaling (module doc). rounding "rne" (spec) or "sr" (needs generator)."""
-    f = _fmt(fmt)
-    _check_gran(granularity)
+    f = check_fmt(fmt)
+    check_granularity(granularity)
     if rounding not in ("rne", "sr"):
         raise UsageError(f"rounding={rounding!r}: FP8 quantizers round 'rne' or 'sr'")
     x64 = to64(x)
-    d = _norm_dim(x64, dim)
+    d = norm_dim(x64, dim)
     scale = encode_scale(group_amax(x64.abs(), granularity, d), f.max, pow2_scale)
     codes = _quantize_values(x64, expand(scale, x64.shape, granularity, d), f, rounding,
                              generator)
@@ -211,6 +188,50 @@ def fp8_qdq(x, fmt="e4m3", granularity="tensor", dim=-1, pow2_scale=False,
                                        generator))
 
 
+@dataclass(frozen=True)
+class FP8Format(QuantFormat):
+    """FP8 current scaling as a QuantFormat: e4m3/e5m2 elements, one fp32 encode scale per
+    group of ``granularity`` (module doc); RNE or stochastic element rounding."""
+
+    fmt: str = "e4m3"
+    granularity: str = "tensor"
+    pow2_scale: bool = False
+    bits = 8
+    scale_fmt = "fp32"
+
+    def __post_init__(self):
+        check_fmt(self.fmt)
+        check_granularity(self.granularity)
+
+    @property
+    def elem(self) -> str:
+        return check_fmt(self.fmt).name
+
+    @property
+    def name(self) -> str:
+        return f"fp8_{self.elem}_{self.granularity}"
+
+    @property
+    def block(self):
+        return {"block128": BLOCK, "block128x128": (BLOCK, BLOCK)}.get(self.granularity)
+
+    def encode(self, x, dim=-1) -> FP8Quantized:
+        return fp8_quantize(x, self.fmt, self.granularity, dim, self.pow2_scale)
+
+    def decode(self, q: FP8Quantized) -> torch.Tensor:
+        return fp8_dequantize(q, torch.float64)
+
+    def qdq(self, x, dim=-1, rounding="rne", generator=None) -> torch.Tensor:
+        return fp8_qdq(x, self.fmt, self.granularity, dim, self.pow2_scale, rounding, generator)
+
+    def saturation(self, x64, dim=-1) -> torch.Tensor:
+        # The scaled value is the fp32 product |x * scale| (what the element cast sees).
+        q = self.encode(x64, dim)
+        s = expand(q.scale, x64.shape, q.granularity, q.dim)
+        return formats.round_to(x64.abs() * s, "fp32", saturate=False) > \
+            formats.get(self.fmt).overflow_threshold
+
+
 # ---- delayed scaling --------------------------------------------------------------------------
 
 class DelayedScaling:
@@ -226,7 +247,7 @@ class DelayedScaling:
     """
 
     def __init__(self, fmt="e4m3", history_len=16, margin=0, algo="max"):
-        self.fmt = _fmt(fmt).name
+        self.fmt = check_fmt(fmt).name
         if int(history_len) < 1:
             raise UsageError(f"history_len={history_len}: need at least 1")
         if algo not in ("max", "most_recent"):
@@ -259,120 +280,10 @@ class DelayedScaling:
         return to_dtype(out, x.dtype if isinstance(x, torch.Tensor) else torch.float64)
 
 
-# ---- op registration ------------------------------------------------------------------------
+# ---- the op's reference (the fp8_qdq op itself is declared in numcheck/ops/quant.py) ---------
 
 def fp8_qdq_reference(x, fmt="e4m3", granularity="tensor", dim=-1, pow2_scale=False):
     """The op's FP64 reference: the fp32 dequantized value (float64 tensor) before the final
     cast to x's dtype (the ULP gate rounds it once, RNE, which is that cast)."""
     q = fp8_quantize(x, fmt, granularity, dim, pow2_scale)
     return dequant_fp32(q.codes, expand(q.scale.double(), q.codes.shape, q.granularity, q.dim))
-
-
-def fp8_qdq_baseline(x, fmt="e4m3", granularity="tensor", dim=-1, pow2_scale=False):
-    """A quantizer's baseline is the exact answer in the output dtype: the reference, rounded."""
-    return fp8_qdq(x, fmt, granularity, dim, pow2_scale)
-
-
-def _torch_amax(xf: torch.Tensor, granularity: str, dim: int) -> torch.Tensor:
-    """Group amax with plain torch ops in fp32, expanded to x's shape (written apart from
-    group_amax/expand on purpose: the kernel must not share the reference's code)."""
-    a = xf.abs()
-    if granularity == "tensor":
-        return a.amax().expand(a.shape)
-    if granularity == "row":
-        return a.amax(dim=dim, keepdim=True).expand(a.shape)
-    if granularity == "block128":
-        t = a.transpose(dim, -1)
-        n = t.shape[-1]
-        pad = (-n) % BLOCK
-        t = torch.cat([t, t.new_zeros(*t.shape[:-1], pad)], -1)
-        m = t.unflatten(-1, (-1, BLOCK)).amax(-1, keepdim=True).expand(*t.shape[:-1], -1, BLOCK)
-        return m.flatten(-2)[..., :n].transpose(dim, -1)
-    r, c = a.shape[-2:]
-    pr, pc = (-r) % BLOCK, (-c) % BLOCK
-    t = torch.nn.functional.pad(a, (0, pc, 0, pr))
-    t = t.unflatten(-1, (-1, BLOCK)).unflatten(-3, (-1, BLOCK))  # (..., R/128, 128, C/128, 128)
-    m = t.amax(dim=(-3, -1), keepdim=True).expand(t.shape)
-    return m.flatten(-2).flatten(-3, -2)[..., :r, :c]
-
-
-def torch_fp8_scale(amax: torch.Tensor, fmt: str, pow2_scale: bool) -> torch.Tensor:
-    """fp32 max/amax with torch ops: 0 -> 1, clamped to fp32 max, pow2 rounded down (frexp)."""
-    fmax = torch.finfo(_TORCH_FP8[fmt]).max
-    # torch.full_like(...) / amax, not fmax / amax: a Python number over a tensor is computed as
-    # amax.reciprocal() * fmax in torch (Tensor.__rtruediv__), two roundings, 1 fp32 ulp off.
-    s = (torch.full_like(amax, fmax) / amax).clamp(max=torch.finfo(torch.float32).max)
-    s = torch.where(amax == 0, torch.ones_like(s), s)
-    if pow2_scale:
-        m, e = torch.frexp(s)  # s = m 2^e, m in [0.5, 1)
-        s = torch.where(torch.isfinite(s), torch.ldexp(torch.ones_like(s), e - 1), s)
-    return s
-
-
-_TORCH_FP8 = {"e4m3": torch.float8_e4m3fn, "e5m2": torch.float8_e5m2}
-
-
-def torch_fp8_qdq(x, fmt="e4m3", granularity="tensor", dim=-1, pow2_scale=False):
-    """Third-party kernel: fp32 amax and scale with torch ops, x * scale in fp32, torch's float8
-    cast (RNE; clamped first, as e5m2's cast does not saturate), dequantized codes / scale in fp32,
-    cast to x's dtype."""
-    dt = _TORCH_FP8[fmt]
-    fmax = torch.finfo(dt).max
-    xf = x.float()
-    d = dim % x.dim()
-    s = torch_fp8_scale(_torch_amax(xf, granularity, d), fmt, pow2_scale)
-    codes = (xf * s).clamp(-fmax, fmax).to(dt)
-    return (codes.float() / s).to(x.dtype)
-
-
-_SHAPES = [(4, 256), (3, 130, 257), (1, 4096), (256, 384)]  # ragged blocks, tiles, a long row
-_DISTS = ["normal", "outlier_channels", "zero_blocks", "wide_range", "subnormal",
-          "near_overflow"]
-
-
-def _inputs(case):
-    from .. import inputs
-    x = inputs.draw(case.dist, case.shape, seed=case.seed, fmt=case.dtype,
-                    stream=f"{case.id}/x")
-    kw = {"fmt": case.param("fmt", "e4m3"), "granularity": case.param("granularity", "tensor"),
-          "dim": case.param("dim", -1), "pow2_scale": case.param("pow2_scale", False)}
-    return {"x": (x, formats.get(case.dtype).torch)}, kw
-
-
-def _blocks(case, shape):
-    """DESIGN rule 6: blocks follow the scaling group (rows / 128 blocks / 128x128 tiles)."""
-    g = case.param("granularity", "tensor")
-    if len(shape) < 2 or g == "tensor":
-        return None
-    if g == "block128x128":
-        return (min(shape[-2], BLOCK), min(shape[-1], BLOCK))
-    if case.param("dim", -1) in (-1, len(shape) - 1):
-        return shape[-1] if g == "row" else min(BLOCK, shape[-1])
-    return None
-
-
-def _register() -> None:
-    from ..cases import make_grid
-    from ..ops import OPS, Kernel, OpSpec, register_kernel, register_op
-    from ..policy import Policy
-    if "fp8_qdq" in OPS:
-        return
-    # Exact (DESIGN rules 5, 10): the reference rounded once to x's dtype is the answer; a
-    # correct quantizer matches it bit for bit (max ULP 0). A wrong scale or a truncating cast
-    # moves many elements by >= 1 ULP.
-    policy = Policy(max_ulp=0, notes="exact: FP8 fake-quant, reference rounded to x's dtype")
-    register_op(OpSpec(
-        "fp8_qdq", _inputs, fp8_qdq_reference, fp8_qdq_baseline,
-        make_grid("fp8_qdq", {"dtype": ["bf16", "fp32"], "shape": _SHAPES, "dist": _DISTS,
-                              "fmt": list(FP8_FORMATS), "granularity": list(GRANULARITIES),
-                              "dim": [-1, 0], "pow2_scale": [False, True]},
-                  extra_full={"dtype": ["fp16"], "dist": ["student_t", "lognormal", "sparse",
-                                                          "large_mean"]}),
-        policy, blocks=_blocks,
-        doc="fp8_qdq(x, fmt='e4m3'|'e5m2', granularity='tensor'|'row'|'block128'|"
-            "'block128x128', dim=-1, pow2_scale=False): FP8 current-scaling fake-quant; result "
-            "in x's dtype, bit-exact (max ULP 0)"))
-    register_kernel(Kernel("fp8_qdq", "torch", torch_fp8_qdq, forward_only=True))
-
-
-_register()

@@ -25,12 +25,12 @@ import torch
 
 from .. import formats
 from ..errors import UsageError
-from .fp8 import _norm_dim, to64, to_dtype
+from .base import QuantFormat, norm_dim, to64, to_dtype
 
 INT8_QMAX = 127  # DESIGN rule 10: INT8 [-127, 127]
 INT4_QMAX = 7  # DESIGN rule 10: INT4 [-7, 7]
 INT4_GROUP = 128  # GPTQ/AWQ default group size
-_FP32_TINY = formats.get("fp32").min_subnormal  # floor for a positive scale (no x / 0)
+FP32_TINY = formats.get("fp32").min_subnormal  # floor for a positive scale (no x / 0)
 
 
 @dataclass(frozen=True)
@@ -48,14 +48,14 @@ class IntQuantized:
 
 def _scale(amax: torch.Tensor, qmax: int) -> torch.Tensor:
     s = formats.round_to(amax / qmax, "fp32")
-    s = torch.where((amax > 0) & (s == 0), _FP32_TINY, s)
+    s = torch.where((amax > 0) & (s == 0), FP32_TINY, s)
     s = torch.where(amax == 0, 1.0, s)
     return torch.where(torch.isfinite(amax), s, float("nan"))
 
 
 def _quantize(x, qmax: int, group: int | None, dim: int) -> IntQuantized:
     x64 = to64(x)
-    d = _norm_dim(x64, dim)
+    d = norm_dim(x64, dim)
     t = x64.movedim(d, -1)
     n = t.shape[-1]
     g = n if group is None else group
@@ -89,6 +89,60 @@ def int_dequantize(q: IntQuantized, dtype: torch.dtype | None = None) -> torch.T
                     dtype or q.dtype)
 
 
+@dataclass(frozen=True)
+class IntFormat(QuantFormat):
+    """Symmetric INT8/INT4 as a QuantFormat (module doc): codes in [-qmax, qmax], one fp32 scale
+    per slice along ``dim`` (``group`` None: per channel) or per ``group`` elements along it.
+    RNE only (no stochastic rounding here)."""
+
+    bits: int = 8
+    group: int | None = None
+    scale_fmt = "fp32"
+    roundings = ("rne",)
+
+    def __post_init__(self):
+        if self.bits not in (8, 4):
+            raise UsageError(f"IntFormat bits={self.bits}: use 8 (INT8) or 4 (INT4)")
+
+    @property
+    def qmax(self) -> int:
+        return INT8_QMAX if self.bits == 8 else INT4_QMAX
+
+    @property
+    def name(self) -> str:
+        return f"int{self.bits}"
+
+    @property
+    def elem(self) -> str:
+        return self.name
+
+    @property
+    def block(self) -> int | None:
+        return self.group
+
+    @property
+    def unit_roundoff(self) -> float:
+        """Half a step relative to the largest code."""
+        return 0.5 / self.qmax
+
+    def encode(self, x, dim=-1) -> IntQuantized:
+        return _quantize(x, self.qmax, None if self.group is None else int(self.group), dim)
+
+    def decode(self, q: IntQuantized) -> torch.Tensor:
+        return int_dequantize(q, torch.float64)
+
+    def qdq(self, x, dim=-1, rounding="rne", generator=None) -> torch.Tensor:
+        if rounding != "rne":
+            raise UsageError(f"rounding={rounding!r}: integer quantizers round 'rne' only")
+        return int_dequantize(self.encode(x, dim))
+
+    def saturation(self, x64, dim=-1) -> torch.Tensor:
+        q = self.encode(x64, dim)
+        g = x64.shape[q.dim] if self.group is None else self.group
+        s = q.scale.double().repeat_interleave(g, dim=q.dim)
+        return x64.abs() > (q.qmax + 0.5) * s
+
+
 def int8_quantize(x, dim=-1) -> IntQuantized:
     """Symmetric INT8, one scale per slice along ``dim`` (per channel); module doc."""
     return _quantize(x, INT8_QMAX, None, dim)
@@ -117,7 +171,7 @@ def int4_qdq(x, group=INT4_GROUP, dim=-1) -> torch.Tensor:
     return int_dequantize(int4_quantize(x, group, dim))
 
 
-# ---- op registration ------------------------------------------------------------------------
+# ---- the ops' references (int8_qdq/int4_qdq are declared in numcheck/ops/quant.py) ----------
 
 def int8_qdq_reference(x, dim=-1):
     """FP64 reference: the fp32 dequantized value (float64) before the cast to x's dtype."""
@@ -126,77 +180,3 @@ def int8_qdq_reference(x, dim=-1):
 
 def int4_qdq_reference(x, group=INT4_GROUP, dim=-1):
     return int_dequantize(int4_quantize(x, group, dim), torch.float64)
-
-
-def torch_int_qdq(x, qmax: int, group: int | None, dim: int) -> torch.Tensor:
-    """Third-party kernel: torch ops in fp32, torch.round (half to even)."""
-    xf = x.float().transpose(dim, -1)
-    n = xf.shape[-1]
-    g = n if group is None else group
-    xb = xf.unflatten(-1, (n // g, g))
-    amax = xb.abs().amax(-1, keepdim=True)
-    s = amax / qmax
-    s = torch.where(amax == 0, torch.ones_like(s), s)
-    s = torch.where((amax > 0) & (s == 0), torch.full_like(s, _FP32_TINY), s)
-    q = torch.round(xb / s).clamp(-qmax, qmax)
-    return (q * s).flatten(-2).transpose(dim, -1).to(x.dtype)
-
-
-def torch_int8_qdq(x, dim=-1):
-    return torch_int_qdq(x, INT8_QMAX, None, dim)
-
-
-def torch_int4_qdq(x, group=INT4_GROUP, dim=-1):
-    return torch_int_qdq(x, INT4_QMAX, group, dim)
-
-
-_SHAPES8 = [(4, 256), (3, 130, 257), (1, 4096), (256, 384)]
-_SHAPES4 = [(4, 256), (3, 128, 384), (1, 4096), (256, 384)]  # every dim a multiple of 128 ...
-_DISTS = ["normal", "outlier_channels", "zero_blocks", "wide_range", "subnormal",
-          "near_overflow"]
-
-
-def _inputs(case):
-    from .. import inputs
-    x = inputs.draw(case.dist, case.shape, seed=case.seed, fmt=case.dtype,
-                    stream=f"{case.id}/x")
-    kw = {"dim": case.param("dim", -1)}
-    if case.op == "int4_qdq":
-        kw["group"] = case.param("group", INT4_GROUP)
-    return {"x": (x, formats.get(case.dtype).torch)}, kw
-
-
-def _int4_ok(row) -> bool:
-    """... except the leading dim of (3, 128, 384) along dim=0: dropped (UsageError by design)."""
-    return row["shape"][row["dim"]] % row.get("group", INT4_GROUP) == 0
-
-
-def _register() -> None:
-    from ..cases import make_grid
-    from ..ops import OPS, Kernel, OpSpec, register_kernel, register_op
-    from ..policy import Policy
-    if "int8_qdq" in OPS:
-        return
-    # Exact (DESIGN rules 5, 10): the fp32 dequantized value cast once to x's dtype is the
-    # answer; a correct quantizer matches it bit for bit (max ULP 0).
-    policy = Policy(max_ulp=0, notes="exact: integer fake-quant, reference rounded to x's dtype")
-    register_op(OpSpec(
-        "int8_qdq", _inputs, int8_qdq_reference, int8_qdq,
-        make_grid("int8_qdq", {"dtype": ["bf16", "fp32"], "shape": _SHAPES8, "dist": _DISTS,
-                               "dim": [-1, 0]},
-                  extra_full={"dtype": ["fp16"], "dist": ["student_t", "sparse"]}),
-        policy, doc="int8_qdq(x, dim=-1): symmetric INT8 [-127, 127], one fp32 scale amax/127 "
-                    "per slice along dim; bit-exact (max ULP 0)"))
-    register_op(OpSpec(
-        "int4_qdq", _inputs, int4_qdq_reference, int4_qdq,
-        make_grid("int4_qdq", {"dtype": ["bf16", "fp32"], "shape": _SHAPES4, "dist": _DISTS,
-                               "dim": [-1, 0]},
-                  extra_full={"dtype": ["fp16"], "dist": ["student_t", "sparse"]},
-                  keep=_int4_ok),
-        policy, doc="int4_qdq(x, group=128, dim=-1): symmetric INT4 [-7, 7], one fp32 scale "
-                    "amax/7 per group of 128 along dim; bit-exact (max ULP 0)"))
-    register_kernel(Kernel("int8_qdq", "torch", torch_int8_qdq, forward_only=True))
-    register_kernel(Kernel("int4_qdq", "torch", torch_int4_qdq, forward_only=True))
-
-
-_register()

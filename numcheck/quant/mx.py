@@ -48,6 +48,7 @@ import torch
 
 from .. import formats
 from ..errors import UsageError
+from .base import QuantFormat, need_generator, to64, to_dtype
 
 ELEMS = ("e4m3", "e5m2", "e2m3", "e3m2", "e2m1")  # OCP MX v1.0 section 5.3 element types
 SCALE_MODES = ("floor", "rceil")
@@ -75,7 +76,7 @@ class MXQuantized:
     dim: int
 
 
-def _check(x, elem: str, block: int, scale_mode: str, dim: int, who: str) -> torch.Tensor:
+def _check_params(elem: str, block: int, scale_mode: str, who: str) -> None:
     if elem not in ELEMS:
         raise UsageError(f"{who}: elem={elem!r} is not an MX element type; use one of "
                          f"{', '.join(ELEMS)}")
@@ -84,7 +85,11 @@ def _check(x, elem: str, block: int, scale_mode: str, dim: int, who: str) -> tor
                          "Algorithm 1) or 'rceil' (amax/max_elem rounded up to a power of two)")
     if not isinstance(block, int) or isinstance(block, bool) or block < 1:
         raise UsageError(f"{who}: block={block!r}; give a positive int (32 in OCP MX v1.0)")
-    x64 = formats._as_float64(x, who)
+
+
+def _check(x, elem: str, block: int, scale_mode: str, dim: int, who: str) -> torch.Tensor:
+    _check_params(elem, block, scale_mode, who)
+    x64 = formats.as_float64(x, who)
     if x64.dim() == 0:
         raise UsageError(f"{who}: x is a scalar; MX blocks run along a dimension of a tensor")
     if not -x64.dim() <= dim < x64.dim():
@@ -96,25 +101,11 @@ def _check(x, elem: str, block: int, scale_mode: str, dim: int, who: str) -> tor
     return x64
 
 
-def _floor_log2(a: torch.Tensor) -> torch.Tensor:
-    """floor(log2(a)) for finite a >= 0 (float64), from the exponent bits; int64.
-
-    Exact for every normal float64 (fp32/bf16/fp16 subnormals are normal in float64). Zero and
-    float64 subnormals give -1023, below every clamp used here.
-    """
-    return (a.view(torch.int64) >> 52) - 1023
-
-
-def _pow2(e: torch.Tensor) -> torch.Tensor:
-    """2.0**e as float64, exact, for int64 e in [-1022, 1023]."""
-    return ((e + 1023) << 52).view(torch.float64)
-
-
 def _shared_exp(amax: torch.Tensor, f: formats.Format, scale_mode: str) -> torch.Tensor:
     """The unclamped-then-clamped E8M0 exponent of each block (int64) from its finite amax."""
     if scale_mode == "floor":
         # OCP MX v1.0 section 6.3, Algorithm 1: floor(log2(amax)) - emax_elem.
-        e = _floor_log2(amax) - f.emax
+        e = formats.floor_log2(amax) - f.emax
     else:
         # rceil: the fp32 quotient amax / max_elem (NVIDIA's MXFP8 "RCEIL" recipe), rounded up to
         # a power of two. As float64 the fp32 quotient is normal, so its bits give floor(log2);
@@ -122,7 +113,7 @@ def _shared_exp(amax: torch.Tensor, f: formats.Format, scale_mode: str) -> torch
         q = formats.round_to(amax / f.max, "fp32", "rne", saturate=False)
         q = torch.where(torch.isinf(q), formats.get("fp32").max, q)
         bits = q.view(torch.int64)
-        e = _floor_log2(q) + ((bits & ((1 << 52) - 1)) != 0).to(torch.int64)
+        e = formats.floor_log2(q) + ((bits & ((1 << 52) - 1)) != 0).to(torch.int64)
     return e.clamp(E8M0_EMIN, E8M0_EMAX)  # E8M0's range; DESIGN rule 10
 
 
@@ -152,7 +143,7 @@ def mx_quantize(x, elem: str = "e4m3", block: int = MX_BLOCK, scale_mode: str = 
     # x / 2^e: exact in float64 (a power-of-two scaling; results below 2^-1022 round to 0 in
     # every element format anyway). Elements rounded RNE, saturating at +-max_elem (Algorithm 1:
     # "clamping normal numbers to the max normal").
-    v = formats.round_to(xb * _pow2(-e)[..., None], f, "rne", saturate=True)
+    v = formats.round_to(xb * formats.pow2(-e)[..., None], f, "rne", saturate=True)
     v = torch.where(bad[..., None], float("nan"), v)
     e = torch.where(bad, NAN_EXP, e)
     codes = torch.movedim(v.reshape(moved_shape), -1, dim)
@@ -165,119 +156,77 @@ def mx_dequantize(q: MXQuantized) -> torch.Tensor:
     """codes * 2^scale_exp in float64 (exact); NaN where the scale code is 0xFF."""
     e = q.scale_exp.to(torch.int64)
     nan = q.scale_code == E8M0_NAN
-    s = torch.where(nan, float("nan"), _pow2(torch.where(nan, 0, e)))
+    s = torch.where(nan, float("nan"), formats.pow2(torch.where(nan, 0, e)))
     s = torch.repeat_interleave(s, q.block, dim=q.dim)
     return q.codes * s
-
-
-def _to_dtype(v: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
-    """float64 v in like's dtype with numcheck's rounding (exact for MX results, see the module
-    docstring; overflow gives inf, the format's own overflow)."""
-    if not isinstance(like, torch.Tensor) or like.dtype == torch.float64:
-        return v
-    r = formats.round_to(v, like.dtype, "rne", saturate=False)
-    return r.to(like.dtype)
 
 
 def mx_qdq(x, elem: str = "e4m3", block: int = MX_BLOCK, scale_mode: str = "floor",
            dim: int = -1) -> torch.Tensor:
     """Fake-quant: mx_dequantize(mx_quantize(x, ...)) in x's dtype (float64 for non-tensors)."""
     out = mx_dequantize(mx_quantize(x, elem, block, scale_mode, dim))
-    return _to_dtype(out, x).to(x.device) if isinstance(x, torch.Tensor) else out
+    return to_dtype(out, x.dtype).to(x.device) if isinstance(x, torch.Tensor) else out
 
 
-# ---- op registration ------------------------------------------------------------------------
+@dataclass(frozen=True)
+class MXFormat(QuantFormat):
+    """An MX format as a QuantFormat: ``elem`` elements in blocks of ``block`` along ``dim``,
+    one E8M0 (power-of-two) scale per block (module doc); RNE or stochastic element rounding
+    (SR keeps the RNE path's scales: x / 2^e rounded with ``round_to(..., "sr")``)."""
+
+    elem: str = "e4m3"
+    block: int = MX_BLOCK
+    scale_mode: str = "floor"
+    scale_fmt = "e8m0"
+
+    def __post_init__(self):
+        _check_params(self.elem, self.block, self.scale_mode, "MX format")
+
+    @property
+    def name(self) -> str:
+        k = "" if self.block == MX_BLOCK else f"_k{self.block}"
+        return f"mx_{self.elem}_{self.scale_mode}{k}"
+
+    @property
+    def bits(self) -> int:
+        return formats.get(self.elem).bits
+
+    @property
+    def amax_overshoot(self) -> float:
+        # floor scales put a block's amax in [2^emax, 2^(emax+1)) of the element grid
+        f = formats.get(self.elem)
+        return 2.0 ** (f.emax + 1) / f.max if self.scale_mode == "floor" else 1.0
+
+    def encode(self, x, dim=-1) -> MXQuantized:
+        return mx_quantize(x, self.elem, self.block, self.scale_mode, dim)
+
+    def decode(self, q: MXQuantized) -> torch.Tensor:
+        return mx_dequantize(q)
+
+    def _scales(self, q: MXQuantized) -> torch.Tensor:
+        """2^scale_exp per element (x's shape; exponents clamped into float64's normal range)."""
+        e = q.scale_exp.to(torch.int64).clamp(-1022, 1023)
+        return formats.pow2(e.repeat_interleave(self.block, dim=q.dim))
+
+    def qdq(self, x, dim=-1, rounding="rne", generator=None) -> torch.Tensor:
+        if rounding == "rne":
+            return mx_qdq(x, self.elem, self.block, self.scale_mode, dim)
+        need_generator(generator)
+        x64 = to64(x)
+        q = self.encode(x64, dim)
+        nan = (q.scale_code == E8M0_NAN).repeat_interleave(self.block, dim=q.dim)
+        s = self._scales(q)  # 2^e exactly
+        el = formats.round_to(x64 / s, self.elem, "sr", saturate=True, generator=generator)
+        out = torch.where(nan, float("nan"), el * s)
+        return to_dtype(out, x.dtype if isinstance(x, torch.Tensor) else torch.float64)
+
+    def saturation(self, x64, dim=-1) -> torch.Tensor:
+        s = self._scales(self.encode(x64, dim))
+        return x64.abs() > formats.get(self.elem).overflow_threshold * s
+
+
+# ---- the op's reference (the mx_qdq op itself is declared in numcheck/ops/quant.py) ----------
 
 def mx_qdq_reference(x, elem="e4m3", block=MX_BLOCK, scale_mode="floor"):
     """The op's FP64 reference: the float64 fake-quant result (exact, DESIGN rule 10)."""
     return mx_dequantize(mx_quantize(x, elem, block, scale_mode, -1))
-
-
-def mx_qdq_baseline(x, elem="e4m3", block=MX_BLOCK, scale_mode="floor"):
-    """A quantizer's baseline is the exact answer in the output dtype: the reference, rounded."""
-    return mx_qdq(x, elem, block, scale_mode, -1)
-
-
-def _torch_mx_qdq(x, elem="e4m3", block=MX_BLOCK, scale_mode="floor"):
-    """Third-party kernel: torch ops and torch's own float8 casts (e4m3/e5m2 elements only).
-
-    amax in fp32, exponent via torch.frexp, x / 2^e in fp32 (exact: x * 2^-e stays within fp32's
-    range), clamped to +-max_elem and cast with ``Tensor.to(torch.float8_*)``, dequantized in
-    fp32. NaN/Inf blocks give NaN.
-    """
-    fp8 = {"e4m3": torch.float8_e4m3fn, "e5m2": torch.float8_e5m2}[elem]
-    fmax = torch.finfo(fp8).max
-    emax = {"e4m3": 8, "e5m2": 15}[elem]  # exponent of the largest normal (OFP8 spec table 1)
-    xf = x.float()
-    xb = xf.reshape(*xf.shape[:-1], xf.shape[-1] // block, block)
-    amax = xb.abs().amax(dim=-1, keepdim=True)
-    if scale_mode == "floor":
-        m, ex = torch.frexp(amax)  # amax = m 2^ex, m in [0.5, 1): floor(log2 amax) = ex - 1
-        e = ex.to(torch.int32) - 1 - emax
-    else:
-        q = amax / fmax  # fp32 division
-        m, ex = torch.frexp(q)
-        e = torch.where(m == 0.5, ex - 1, ex).to(torch.int32)
-        e = torch.where(q == 0, -127, e)
-    e = torch.where(amax == 0, -127, e).clamp(-127, 127)
-    scale = torch.ldexp(torch.ones_like(amax), e)
-    scale = torch.where(torch.isfinite(amax), scale, float("nan"))
-    # Two steps so that 2^127 and 2^-127 stay exact (fp32 holds both; 2^-127 is subnormal).
-    el = (xb / scale).clamp(-fmax, fmax).to(fp8).float()
-    out = (el * scale).reshape(xf.shape)
-    return out.to(x.dtype)
-
-
-def _elem_supported(case, device) -> str | None:
-    if case.param("elem") not in ("e4m3", "e5m2"):
-        return (f"torch has no conversion to {case.param('elem')} (no float6 dtype; "
-                "float4_e2m1fn_x2 is packed storage without a cast)")
-    return None
-
-
-_SHAPES = [(4, 64), (2, 3, 96), (1, 1024), (8, 32)]
-# Outliers, heavy tails, zero blocks (the 0-scale rule), subnormal and near-overflow inputs (the
-# E8M0 clamp and rceil's overflow corner), wide_range (every binade).
-_DISTS = ["normal", "outlier_channels", "student_t", "zero_blocks", "wide_range", "subnormal",
-          "near_overflow"]
-
-
-def _inputs(case):
-    from .. import inputs
-    x = inputs.draw(case.dist, case.shape, seed=case.seed, fmt=case.dtype,
-                    stream=f"{case.id}/x")
-    kw = {"elem": case.param("elem", "e4m3"), "block": case.param("block", MX_BLOCK),
-          "scale_mode": case.param("scale_mode", "floor")}
-    return {"x": (x, formats.get(case.dtype).torch)}, kw
-
-
-def _blocks(case, shape):
-    """DESIGN rule 6: the exact MX block, 32 consecutive elements along the last dim."""
-    return case.param("block", MX_BLOCK)
-
-
-_DOC = ("mx_qdq(x, elem, block=32, scale_mode='floor'|'rceil'): OCP MX v1.0 fake-quant along the "
-        "last dim; result in x's dtype, bit-exact (max ULP 0)")
-
-
-def _register() -> None:
-    from ..cases import make_grid
-    from ..ops import OPS, Kernel, OpSpec, register_kernel, register_op
-    from ..policy import Policy
-    if "mx_qdq" in OPS:
-        return
-    # Exact (DESIGN rules 5, 10): the qdq result is representable in x's dtype (module
-    # docstring), so a correct quantizer matches the reference bit for bit: max ULP 0 in x's
-    # dtype. A scale one binade off or a truncating cast moves many elements by >= 1 ULP.
-    policy = Policy(max_ulp=0, notes="exact: MX fake-quant is representable in x's dtype")
-    register_op(OpSpec(
-        "mx_qdq", _inputs, mx_qdq_reference, mx_qdq_baseline,
-        make_grid("mx_qdq", {"dtype": ["bf16", "fp32"], "shape": _SHAPES, "dist": _DISTS,
-                             "elem": list(ELEMS), "scale_mode": list(SCALE_MODES)},
-                  extra_full={"dist": ["lognormal", "sparse", "uniform", "large_mean"]}),
-        policy, blocks=_blocks, doc=_DOC))
-    register_kernel(Kernel("mx_qdq", "torch", _torch_mx_qdq, forward_only=True,
-                           supports=_elem_supported))
-
-
-_register()

@@ -41,6 +41,7 @@ import torch
 
 from .. import formats
 from ..errors import UsageError
+from .base import QuantFormat, need_generator, to64, to_dtype
 
 NVFP4_BLOCK = 16  # NVFP4: 16 e2m1 elements share one e4m3 scale (NVIDIA NVFP4 description)
 E4M3_MAX = 448.0  # OFP8 e4m3fn max normal, 1.75 * 2^8 (OCP 8-bit FP spec table 1)
@@ -62,7 +63,7 @@ class NVFP4Quantized:
 
 
 def _check(x, dim: int, two_d: bool, who: str) -> torch.Tensor:
-    x64 = formats._as_float64(x, who)
+    x64 = formats.as_float64(x, who)
     if x64.dim() == 0:
         raise UsageError(f"{who}: x is a scalar; NVFP4 blocks run along a dimension of a tensor")
     if not -x64.dim() <= dim < x64.dim():
@@ -156,106 +157,59 @@ def nvfp4_qdq(x, dim: int = -1, two_d: bool = False) -> torch.Tensor:
     out = nvfp4_dequantize(nvfp4_quantize(x, dim, two_d))
     if not isinstance(x, torch.Tensor) or x.dtype == torch.float64:
         return out
-    return formats.round_to(out, x.dtype, "rne", saturate=False).to(x.dtype).to(x.device)
+    return to_dtype(out, x.dtype).to(x.device)
 
 
-# ---- op registration ------------------------------------------------------------------------
+@dataclass(frozen=True)
+class NVFP4Format(QuantFormat):
+    """NVFP4 as a QuantFormat: e2m1 elements, an e4m3 scale per 16 along ``dim`` (or per 16 x 16
+    tile of the last two dims: ``two_d``) times one fp32 tensor scale (module doc); RNE or
+    stochastic element rounding (SR keeps the RNE path's scales; flushed blocks give 0)."""
+
+    two_d: bool = False
+    elem = "e2m1"
+    bits = 4
+    scale_fmt = "e4m3"
+
+    @property
+    def name(self) -> str:
+        return "nvfp4_2d" if self.two_d else "nvfp4"
+
+    @property
+    def block(self):
+        return (NVFP4_BLOCK, NVFP4_BLOCK) if self.two_d else NVFP4_BLOCK
+
+    def encode(self, x, dim=-1) -> NVFP4Quantized:
+        return nvfp4_quantize(x, dim, self.two_d)
+
+    def decode(self, q: NVFP4Quantized) -> torch.Tensor:
+        return nvfp4_dequantize(q)
+
+    def _scales(self, q: NVFP4Quantized) -> torch.Tensor:
+        """block_scale * tensor_scale per element (x's shape; 0 in flushed blocks)."""
+        return _tiles(q.codes, q.dim, q.two_d)[2](q.block_scale * q.tensor_scale)
+
+    def qdq(self, x, dim=-1, rounding="rne", generator=None) -> torch.Tensor:
+        if rounding == "rne":
+            return nvfp4_qdq(x, dim, self.two_d)
+        need_generator(generator)
+        x64 = to64(x)
+        s = self._scales(self.encode(x64, dim))
+        el = formats.round_to(x64 / torch.where(s == 0, 1.0, s), "e2m1", "sr", saturate=True,
+                              generator=generator)
+        out = torch.where(s == 0, 0.0 * x64, el * s)  # flushed blocks give 0 (NaN stays)
+        return to_dtype(out, x.dtype if isinstance(x, torch.Tensor) else torch.float64)
+
+    def saturation(self, x64, dim=-1) -> torch.Tensor:
+        # Flushed blocks (scale 0) are underflow, not clipping.
+        s = self._scales(self.encode(x64, dim))
+        return (s > 0) & (x64.abs() > formats.get("e2m1").overflow_threshold * s)
+
+
+# ---- the op's reference (the nvfp4_qdq op itself is declared in numcheck/ops/quant.py) -------
 
 def nvfp4_qdq_reference(x, two_d=False):
     """The op's FP64 reference is x itself: NVFP4 is judged as an SQNR gap (DESIGN rule 4, "quantized
     paths are measured as an SQNR gap"), because fp32 implementations legitimately differ from
-    the exact quantizer in near-midpoint elements (see _register)."""
+    the exact quantizer in near-midpoint elements (see its policy in numcheck/ops/quant.py)."""
     return x.clone()
-
-
-def nvfp4_qdq_baseline(x, two_d=False):
-    """The exact NVFP4 quantizer (rule 10) in the output dtype: the error a correct kernel has."""
-    return nvfp4_qdq(x, -1, two_d)
-
-
-_E2M1_GRID = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0)  # every e2m1 magnitude (OCP MX 5.3.3)
-
-
-def _torch_nvfp4_qdq(x, two_d=False):
-    """Third-party kernel in torch ops (fp32 math as a GPU kernel does it, Transformer Engine's
-    order): S_enc = 2688 / amax, block scale = (block_amax / 6 * S_enc) cast with torch's
-    float8_e4m3fn, elements x * (S_enc / block_scale) in fp32, rounded to e2m1 by a bucketize
-    over the 8 magnitudes (torch has no e2m1 cast), dequantized as code * block_scale * (amax / 2688)."""
-    xf = x.float()
-    amax = xf.abs().amax()
-    enc = torch.where(amax > 0, TENSOR_RANGE / amax, torch.ones_like(amax))
-    enc = enc.clamp(max=torch.finfo(torch.float32).max)
-    if two_d:
-        *lead, r, c = xf.shape
-        t = xf.reshape(*lead, r // 16, 16, c // 16, 16).transpose(-3, -2).reshape(
-            *lead, r // 16, c // 16, 256)
-    else:
-        t = xf.reshape(*xf.shape[:-1], xf.shape[-1] // 16, 16)
-    bamax = t.abs().amax(dim=-1, keepdim=True)
-    bs = (bamax / E2M1_MAX * enc).to(torch.float8_e4m3fn).float()
-    recip = torch.where(bs == 0, torch.zeros_like(bs), enc / bs)
-    v = (t * recip).clamp(-E2M1_MAX, E2M1_MAX)
-    grid = torch.tensor(_E2M1_GRID, dtype=torch.float32, device=x.device)
-    mids = (grid[1:] + grid[:-1]) / 2
-    a = v.abs()
-    i = torch.bucketize(a, mids)  # nearest magnitude; a tie (a == mids[i]) gives the lower
-    tie = (i < len(mids)) & (a == mids[i.clamp(max=len(mids) - 1)])
-    i = torch.where(tie & (i % 2 == 1), i + 1, i)  # ties to the even code (odd index = m 1)
-    code = torch.copysign(grid[i], v)
-    dec = torch.where(amax > 0, amax / TENSOR_RANGE, torch.ones_like(amax))
-    out = code * bs * dec
-    if two_d:
-        out = out.reshape(*lead, r // 16, c // 16, 16, 16).transpose(-3, -2).reshape(xf.shape)
-    else:
-        out = out.reshape(xf.shape)
-    return out.to(x.dtype)
-
-
-_SHAPES = [(16, 64), (32, 32), (2, 16, 48), (16, 1024)]
-_DISTS = ["normal", "outlier_channels", "student_t", "zero_blocks", "wide_range", "lognormal"]
-
-
-def _inputs(case):
-    from .. import inputs
-    x = inputs.draw(case.dist, case.shape, seed=case.seed, fmt=case.dtype,
-                    stream=f"{case.id}/x")
-    return {"x": (x, formats.get(case.dtype).torch)}, {"two_d": case.param("two_d", False)}
-
-
-def _blocks(case, shape):
-    """DESIGN rule 6: the exact NVFP4 block (16 along the last dim, or the 16 x 16 tile)."""
-    return (NVFP4_BLOCK, NVFP4_BLOCK) if case.param("two_d", False) else NVFP4_BLOCK
-
-
-_DOC = ("nvfp4_qdq(x, two_d=False): NVFP4 fake-quant (e2m1, e4m3 scale per 16 along the last "
-        "dim or per 16x16 tile, fp32 tensor scale amax/2688); result in x's dtype")
-
-
-def _register() -> None:
-    from ..cases import make_grid
-    from ..ops import OPS, Kernel, OpSpec, register_kernel, register_op
-    from ..policy import Policy
-    if "nvfp4_qdq" in OPS:
-        return
-    # Not bit-exact across implementations. Measured on N(0,1) bf16/fp32 64x1024 tensors: an
-    # fp32 kernel evaluating rule 10 in fp32 (block_amax / 6 * S_enc rounded twice, x / (bs * dec)
-    # rounded twice) differs from the exact quantizer in 0.14% of elements, Transformer Engine's
-    # order (x * (S_enc / bs), decode 1 / S_enc) in 0.22%: inputs that sit exactly on an e2m1
-    # midpoint in exact arithmetic go either way depending on the last bit of an fp32 scale, and
-    # a rounded block scale can move one e4m3 step. Both choices at a midpoint have the same
-    # error, so the op is judged against x (reference = identity) with the exact quantizer as the
-    # baseline: kernel error <= 1.25 x the exact quantizer's, on the whole tensor and on the worst
-    # 16-element block. A scale one binade off (saturation or a lost bit), truncation (rz's rms
-    # error is 2x RNE's) or the inverse tensor scale fail it; a NaN from a zero block fails the
-    # non-finite rule.
-    policy = Policy(baseline_k=1.25, notes="SQNR gap to the exact NVFP4 quantizer, k = 1.25")
-    register_op(OpSpec(
-        "nvfp4_qdq", _inputs, nvfp4_qdq_reference, nvfp4_qdq_baseline,
-        make_grid("nvfp4_qdq", {"dtype": ["bf16", "fp32"], "shape": _SHAPES, "dist": _DISTS,
-                                "two_d": [False, True]},
-                  extra_full={"dist": ["sparse", "uniform", "near_overflow", "subnormal"]}),
-        policy, blocks=_blocks, doc=_DOC))
-    register_kernel(Kernel("nvfp4_qdq", "torch", _torch_nvfp4_qdq, forward_only=True))
-
-
-_register()

@@ -24,27 +24,30 @@ mxfp8_rceil, mxfp6, mxfp4, nvfp4, nvfp4_rht_sr, int8.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cached_property
 
 import torch
 
-from .. import formats
 from ..errors import UsageError
-from . import fp8 as _fp8
-from . import intq as _intq
+from ..ops.matmul import matmul_reference
 from . import transforms as _tr
+from .base import QuantFormat, to64
+from .fp8 import FP8Format
+from .intq import IntFormat
+from .mx import MXFormat
+from .nvfp4 import NVFP4Format
 
-KINDS = ("fp8", "mx", "nvfp4", "int8", "int4")
 ROLES = ("x", "w", "grad")
 
-
-def _mx():
-    from . import mx
-    return mx
-
-
-def _nvfp4():
-    from . import nvfp4
-    return nvfp4
+# The one dispatch on ``Quantizer.kind``: each kind's QuantFormat from the Quantizer's fields.
+_FORMATS = {
+    "fp8": lambda q: FP8Format(q.fmt, q.granularity, q.pow2_scale),
+    "mx": lambda q: MXFormat(q.fmt, q.block, q.scale_mode),
+    "nvfp4": lambda q: NVFP4Format(q.two_d),
+    "int8": lambda q: IntFormat(8),
+    "int4": lambda q: IntFormat(4, q.block),
+}
+KINDS = tuple(_FORMATS)
 
 
 @dataclass(frozen=True)
@@ -75,58 +78,18 @@ class Quantizer:
             raise UsageError(f"Quantizer kind={self.kind!r}: use one of {', '.join(KINDS)}")
         if self.rounding not in ("rne", "sr"):
             raise UsageError(f"Quantizer rounding={self.rounding!r}: use 'rne' or 'sr'")
-        if self.rounding == "sr" and self.kind in ("int8", "int4"):
+        if self.rounding not in self.format.roundings:
             raise UsageError(f"Quantizer kind={self.kind!r} has no stochastic rounding here; "
                              "use rounding='rne'")
-        if self.kind == "fp8":
-            _fp8._fmt(self.fmt)
-            _fp8._check_gran(self.granularity)
+
+    @cached_property
+    def format(self) -> QuantFormat:
+        """The family's QuantFormat for these fields (validates them)."""
+        return _FORMATS[self.kind](self)
 
     def qdq(self, t, dim: int = -1, generator: torch.Generator | None = None) -> torch.Tensor:
         """Fake-quant of t along ``dim``, in t's dtype."""
-        k = self.kind
-        if k == "fp8":
-            return _fp8.fp8_qdq(t, self.fmt, self.granularity, dim, self.pow2_scale,
-                                self.rounding, generator)
-        if k == "int8":
-            return _intq.int8_qdq(t, dim)
-        if k == "int4":
-            return _intq.int4_qdq(t, self.block, dim)
-        if self.rounding == "rne":
-            if k == "mx":
-                return _mx().mx_qdq(t, self.fmt, self.block, self.scale_mode, dim)
-            return _nvfp4().nvfp4_qdq(t, dim, self.two_d)
-        return self._sr_blocked(t, dim, generator)
-
-    def _sr_blocked(self, t, dim, generator):
-        """MX/NVFP4 with stochastic element rounding: the RNE path's scales, x / scale rounded
-        with ``round_to(..., "sr")`` (saturating), times the scale (exact: power of two for MX,
-        e4m3 * fp32 for NVFP4), rounded once to t's dtype."""
-        if generator is None:
-            raise UsageError("rounding='sr' needs generator=torch.Generator(device=t.device)"
-                             ".manual_seed(n): stochastic rounding must be reproducible")
-        x64 = _fp8.to64(t)
-        d = dim % x64.dim() if x64.dim() else 0
-        if self.kind == "mx":
-            mx = _mx()
-            q = mx.mx_quantize(x64, self.fmt, self.block, self.scale_mode, dim)
-            nan = (q.scale_code == mx.E8M0_NAN).repeat_interleave(self.block, dim=d)
-            e = q.scale_exp.to(torch.int64).clamp(-1022, 1023).repeat_interleave(self.block,
-                                                                                 dim=d)
-            s = ((e + 1023) << 52).view(torch.float64)  # 2^e exactly
-            el = formats.round_to(x64 / s, self.fmt, "sr", saturate=True, generator=generator)
-            out = torch.where(nan, float("nan"), el * s)
-        else:
-            q = _nvfp4().nvfp4_quantize(x64, dim, self.two_d)
-            bs = q.block_scale * q.tensor_scale
-            if self.two_d:
-                s = bs.repeat_interleave(16, dim=-2).repeat_interleave(16, dim=-1)
-            else:
-                s = bs.repeat_interleave(16, dim=d)
-            el = formats.round_to(x64 / torch.where(s == 0, 1.0, s), "e2m1", "sr",
-                                  saturate=True, generator=generator)
-            out = torch.where(s == 0, 0.0 * x64, el * s)  # flushed blocks give 0 (NaN stays)
-        return _fp8.to_dtype(out, t.dtype if isinstance(t, torch.Tensor) else torch.float64)
+        return self.format.qdq(t, dim, self.rounding, generator)
 
 
 @dataclass(frozen=True)
@@ -212,7 +175,7 @@ def _check_gemm(a, b):
 def dequantized_operands(a, b, recipe, generator=None) -> tuple[torch.Tensor, torch.Tensor]:
     """(A, B) after the recipe's RHT and fake quantization, float64, on a's device."""
     r = get_recipe(recipe)
-    a64, b64 = _fp8.to64(a), _fp8.to64(b)
+    a64, b64 = to64(a), to64(b)
     _check_gemm(a64, b64)
     if r.hadamard:
         signs = _tr.rht_signs(r.hadamard, generator=generator)  # one draw for both operands
@@ -231,107 +194,5 @@ def scaled_matmul(a, b, recipe, generator=None) -> torch.Tensor:
 def scaled_matmul_reference(a, b, recipe, generator=None) -> torch.Tensor:
     """FP64 reference: the exact (float64, explicit sums) product of the float64 dequantized
     operands."""
-    from ..ops.matmul import matmul_reference
     qa, qb = dequantized_operands(a, b, recipe, generator)
     return matmul_reference(qa, qb)
-
-
-def scaled_matmul_baseline(a, b, recipe):
-    """Naive fp32 GEMM loop over K of the fp32 dequantized operands (numcheck.ops.matmul)."""
-    from ..ops.matmul import _naive_gemm32
-    qa, qb = dequantized_operands(a, b, recipe)
-    return _naive_gemm32(qa.float(), qb.float())
-
-
-def _scale(a, b, recipe):
-    from ..ops.matmul import _matmul_scale
-    qa, qb = dequantized_operands(a, b, recipe)
-    return _matmul_scale(qa, qb)
-
-
-# ---- third-party kernel: torch._scaled_mm ----------------------------------------------------
-
-def _scaled_mm_reason(r: QuantRecipe) -> str | None:
-    for role in ("x", "w"):
-        q = getattr(r, role)
-        if q is None or q.kind != "fp8" or q.rounding != "rne":
-            return (f"recipe {r.name}: torch._scaled_mm takes FP8 (e4m3/e5m2) operands; "
-                    f"{role} is {'unquantized' if q is None else q.kind}")
-        if q.granularity not in ("tensor", "row"):
-            return (f"recipe {r.name}: torch._scaled_mm on CPU takes tensor-wise or row-wise "
-                    f"scales only; {q.granularity} scaling (like 1x32 MX, 1x16 NVFP4) needs "
-                    "CUDA (PLATFORM.md), and numcheck has no wrapper for torch's CUDA "
-                    "block-scaled GEMM yet")
-    if r.x.granularity != r.w.granularity:
-        return f"recipe {r.name}: _scaled_mm needs both operands scaled alike"
-    if r.hadamard:
-        return f"recipe {r.name}: the RHT is not part of torch._scaled_mm"
-    return None
-
-
-def torch_scaled_mm(a, b, recipe):
-    """Third-party kernel: fp32 amax/scale with torch ops, torch's float8 casts, and
-    torch._scaled_mm (fp32 accumulation) with the decode scales 1/scale."""
-    r = get_recipe(recipe)
-    if _scaled_mm_reason(r):
-        raise UsageError(_scaled_mm_reason(r))
-    af, bf = a.float(), b.float()
-    ops = []
-    for t, q, d in ((af, r.x, -1), (bf, r.w, 0)):
-        dt = _fp8._TORCH_FP8[q.fmt]
-        fmax = torch.finfo(dt).max
-        amax = t.abs().amax() if q.granularity == "tensor" else t.abs().amax(d, keepdim=True)
-        s = _fp8.torch_fp8_scale(amax, q.fmt, q.pow2_scale)
-        ops.append(((t * s).clamp(-fmax, fmax).to(dt), torch.reciprocal(s).float()))
-    (a8, sa), (b8, sb) = ops
-    b8 = b8.t().contiguous().t()  # _scaled_mm wants the second operand column-major
-    return torch._scaled_mm(a8, b8, scale_a=sa, scale_b=sb, out_dtype=torch.float32)
-
-
-# ---- op registration --------------------------------------------------------------------------
-
-_SHAPES = [(64, 256, 48), (32, 512, 64), (16, 1024, 16)]  # (M, K, N); K a multiple of 128
-_DISTS = ["normal", "outlier_channels", "student_t"]
-# One rounding of the fp32 result, plus one fp32 rounding of each operand (the dequantized
-# operands, or _scaled_mm's decode scales 1/scale) and a quarter-unit margin, as matmul's policy.
-_BOUND_C = 1.0 + 2.0 + 0.25
-
-
-def _inputs(case):
-    from .. import inputs
-    m, k, n = case.shape
-    dt = formats.get(case.dtype).torch
-    a = inputs.draw(case.dist, (m, k), seed=case.seed, fmt=case.dtype, stream=f"{case.id}/a")
-    bdist = "normal" if case.dist == "outlier_channels" else case.dist  # outliers in a only
-    b = inputs.draw(bdist, (k, n), seed=case.seed, fmt=case.dtype, stream=f"{case.id}/b")
-    return {"a": (a, dt), "b": (b, dt)}, {"recipe": case.param("recipe", "fp8_tensor")}
-
-
-def _register() -> None:
-    from ..cases import make_grid
-    from ..ops import OPS, Kernel, OpSpec, register_kernel, register_op
-    from ..policy import Policy
-    if "scaled_matmul" in OPS:
-        return
-    # DESIGN rule 5: GEMM is judged componentwise, |out - ref| <= c u (|A||B| + eta) with
-    # gamma_K of fp32 accumulation (reduction_len = K in fp32 units), plus the baseline rule.
-    policy = Policy(bound_c=_BOUND_C, bound_per_len=1.0,
-                    notes="componentwise |Aq||Bq| bound of the dequantized operands")
-    register_op(OpSpec(
-        "scaled_matmul", _inputs, scaled_matmul_reference, scaled_matmul_baseline,
-        make_grid("scaled_matmul", {"dtype": ["bf16", "fp32"], "shape": _SHAPES, "dist": _DISTS,
-                                    "recipe": list(RECIPES)},
-                  extra_full={"dist": ["wide_range", "zero_blocks"]}),
-        policy, blocks=lambda case, shape: (min(shape[-2], 128), min(shape[-1], 128)),
-        scale=_scale, reduction_len=lambda case: float(case.shape[1]),
-        out_dtypes=lambda case: (torch.float32,),
-        doc="scaled_matmul(a, b, recipe): a (M, K), b (K, N) fake-quantized along K by the "
-            "recipe (RHT first where it has one), fp32 accumulation, fp32 out; shape (M, K, N)"))
-
-    def supports(case, device):
-        return _scaled_mm_reason(get_recipe(case.param("recipe")))
-    register_kernel(Kernel("scaled_matmul", "torch_scaled_mm", torch_scaled_mm,
-                           forward_only=True, supports=supports))
-
-
-_register()

@@ -24,7 +24,7 @@ import torch
 
 from .. import formats
 from ..errors import UsageError
-from .fp8 import _norm_dim, to64
+from .base import norm_dim, to64
 
 HADAMARD_BLOCKS = (16, 32, 128)  # the block sizes recipes use (NVFP4 RHT: 16; QuaRot-style: 128)
 
@@ -69,7 +69,7 @@ def rht_matrix(n: int, signs: torch.Tensor) -> torch.Tensor:
 
 def _apply(x, block: int, dim: int, q: torch.Tensor) -> torch.Tensor:
     x64 = to64(x)
-    d = _norm_dim(x64, dim)
+    d = norm_dim(x64, dim)
     t = x64.movedim(d, -1)
     n = t.shape[-1]
     if n % block:

@@ -1,0 +1,163 @@
+"""What an op is (``OpSpec``), who computes it (``Kernel``) and the ``Registry`` that holds both.
+
+This module knows no op family: the built-in ops are registered by ``numcheck.catalog`` (the one
+module whose job that is), users' ops by ``nc.op(...)`` and users' kernels by
+``@nc.kernel(op, ...)``, both against the catalog's registry.
+"""
+from __future__ import annotations
+
+import contextlib
+from dataclasses import dataclass, field, replace
+from typing import Any, Callable, Iterator
+
+import torch
+
+from .cases import Case, Grid
+from .errors import UsageError
+from .policy import Policy
+
+# A tensor argument: float64 values (before rounding) and the dtype it is stored in.
+TensorArg = tuple[torch.Tensor, torch.dtype]
+InputBuilder = Callable[[Case], tuple[dict[str, TensorArg], dict[str, Any]]]
+
+FAMILIES = ("ops", "quant", "user")  # built-in op suites ("ops", "quant") and users' ops
+
+
+@dataclass(frozen=True)
+class OpSpec:
+    """An op: the contract every kernel of it is checked against."""
+
+    name: str
+    make_inputs: InputBuilder  # case -> ({arg: (float64 values, storage dtype)}, {kwarg: value})
+    reference: Callable[..., torch.Tensor]  # float64 from primitives; autograd gives its grads
+    baseline: Callable[..., torch.Tensor]  # naive primitives in the compute dtype
+    grid: Grid | Callable[[str], list[Case]]  # "quick" | "full" -> cases
+    policy: Policy = field(default_factory=Policy)
+    grad_args: tuple[str, ...] = ()  # tensor args that get gradients (empty: forward only)
+    blocks: Callable[[Case, torch.Size], Any] | None = None  # error_stats blocks (None: default)
+    # Componentwise magnitude for DESIGN rule 5 (|A||B| for GEMM, ...), from float64 inputs.
+    scale: Callable[..., torch.Tensor] | None = None
+    # Length of the reduction behind each output element (D for norms, K for GEMM), for
+    # Policy.bound_per_len.
+    reduction_len: Callable[[Case], float] | None = None
+    # Gradients not judged in a case, with the reason in the op's doc (an exactly-zero
+    # reference gradient, where no relative rule applies).
+    skip_grads: Callable[[Case], tuple[str, ...]] | None = None
+    # Output dtypes a kernel may return (default: the case's compute dtype).
+    out_dtypes: Callable[[Case], tuple[torch.dtype, ...]] | None = None
+    doc: str = ""
+    family: str = "user"  # set by the registry: "ops" | "quant" (built-in suites) | "user"
+
+    def blocks_for(self, case: Case, shape: torch.Size) -> Any:
+        return self.blocks(case, shape) if self.blocks is not None else None
+
+    def judged_grads(self, case: Case) -> tuple[str, ...]:
+        skip = self.skip_grads(case) if self.skip_grads else ()
+        return tuple(a for a in self.grad_args if a not in skip)
+
+
+@dataclass(frozen=True)
+class Kernel:
+    """An implementation of an op, with the constraints outside which its cases skip."""
+
+    op: str
+    name: str
+    fn: Callable[..., torch.Tensor]
+    dtypes: tuple[str, ...] | None = None  # compute dtypes it supports (None: any)
+    devices: tuple[str, ...] | None = None  # "cpu", "cuda" (None: any)
+    forward_only: bool = False
+    backward: Callable[..., tuple] | None = None  # fn(grad_out, **inputs, **kwargs) -> grads
+    supports: Callable[[Case, str], str | None] | None = None  # -> skip reason, or None
+    compiled: bool = False  # torch.compile variant: one xdist group, fixed shapes
+    # A documented weakness of this kernel (a finding, docs/findings.md): (case, device, output)
+    # -> reason when a failure there is expected. Such records get status "known", not "failed".
+    known_failure: Callable[[Case, str, str], str | None] | None = None
+
+    def skip_reason(self, case: Case, device: str) -> str | None:
+        dev = torch.device(device).type
+        if self.devices is not None and dev not in self.devices:
+            return f"kernel {self.name} runs on {', '.join(self.devices)}, not {dev}"
+        if self.dtypes is not None and case.dtype not in self.dtypes:
+            return f"kernel {self.name} supports {', '.join(self.dtypes)}, not {case.dtype}"
+        return self.supports(case, device) if self.supports else None
+
+    def known(self, case: Case, device: str, output: str) -> str | None:
+        return self.known_failure(case, device, output) if self.known_failure else None
+
+
+KERNEL_CONSTRAINTS = ("dtypes", "devices", "forward_only", "backward", "supports", "compiled",
+                      "known_failure")
+
+
+class Registry:
+    """Ops by name and their kernels by name; registration names the op's family."""
+
+    def __init__(self) -> None:
+        self._ops: dict[str, OpSpec] = {}
+        self._kernels: dict[str, dict[str, Kernel]] = {}
+
+    def register_family(self, family: str, ops: tuple[OpSpec, ...],
+                        kernels: tuple[Kernel, ...] = ()) -> None:
+        for spec in ops:
+            self.register_op(spec, family)
+        for k in kernels:
+            self.register_kernel(k)
+
+    def register_op(self, spec: OpSpec, family: str = "user") -> OpSpec:
+        if family not in FAMILIES:
+            raise UsageError(f"op {spec.name!r}: family {family!r}; use one of "
+                             f"{', '.join(FAMILIES)}")
+        old = self._ops.get(spec.name)
+        if old is not None and old.family != "user":
+            raise UsageError(f"op {spec.name!r}: a built-in op has that name; choose another")
+        spec = replace(spec, family=family)
+        self._ops[spec.name] = spec
+        self._kernels.setdefault(spec.name, {})
+        return spec
+
+    def register_kernel(self, k: Kernel) -> Kernel:
+        self.get_op(k.op)
+        self._kernels[k.op][k.name] = k
+        return k
+
+    def get_op(self, name: str) -> OpSpec:
+        if name not in self._ops:
+            raise UsageError(f"unknown op {name!r}; built-in and registered ops: "
+                             f"{', '.join(sorted(self._ops))}")
+        return self._ops[name]
+
+    def kernels(self, op: str) -> dict[str, Kernel]:
+        self.get_op(op)
+        return dict(self._kernels[op])
+
+    def ops(self, family: str | None = None) -> list[OpSpec]:
+        """Registered ops in name order, of one family or all."""
+        return [s for n, s in sorted(self._ops.items()) if family in (None, s.family)]
+
+    def as_kernel(self, op: str, fn, name: str | None = None) -> Kernel:
+        """A Kernel for fn: itself if it is one, its registration if registered, else new."""
+        if isinstance(fn, Kernel):
+            return fn if name is None else replace(fn, name=name)
+        for k in self.kernels(op).values():
+            if k.fn is fn:
+                return k if name is None else replace(k, name=name)
+        if not callable(fn):
+            raise UsageError(f"verify({op!r}, fn): fn must be callable, got "
+                             f"{type(fn).__name__}")
+        return Kernel(op, name or getattr(fn, "__name__", "kernel"), fn)
+
+    @contextlib.contextmanager
+    def restoring(self) -> Iterator["Registry"]:
+        """Undo every registration made inside the block (tests register throwaway ops)."""
+        ops, kern = dict(self._ops), {k: dict(v) for k, v in self._kernels.items()}
+        try:
+            yield self
+        finally:
+            self._ops, self._kernels = ops, kern
+
+
+def check_constraints(op: str, constraints: dict[str, Any]) -> None:
+    bad = set(constraints) - set(KERNEL_CONSTRAINTS)
+    if bad:
+        raise UsageError(f"@nc.kernel({op!r}): unknown constraint(s) {sorted(bad)}; use "
+                         f"{', '.join(KERNEL_CONSTRAINTS)}")

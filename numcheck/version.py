@@ -1,0 +1,3 @@
+"""numcheck's version, in a module of its own so that any module can read it without importing
+the package's public surface (``numcheck/__init__``)."""
+__version__ = "0.1.0"

@@ -191,30 +191,39 @@ def test_finding_silu_flushes_below_exp_overflow():
 
 
 def test_finding_gelu_tail_cancels_in_fp32():
-    """F.gelu computes 0.5 x (1 + erf(x / sqrt 2)) in fp32: 1 875 ULP off at x = -3, >1e6 ULP at
-    x = -5; near x = -5.5, 1 + erf is 0 or 1 fp32 step (6e-8): -5.505 gives 0 and -5.5 gives
-    -1.64e-7 (true -1.08e-7, -1.04e-7); within 5 ULP for x > -1. The absolute error stays
-    <= 6.3 u |x| (gelu's bound is c = 8 in units of u |x|)."""
+    """F.gelu computes 0.5 x (1 + erf(x / sqrt 2)) in fp32, and 1 + erf cancels in the left tail.
+    The magnitudes depend on the ATen CPU capability (torch 2.13):
+
+    | capability | ULP at x=-3 | ULP at x=-5 | x=-5.505 | max ULP, x > -1 | max err / (u|x|) |
+    |---|---|---|---|---|---|
+    | AVX512 (AMD EPYC, AVX512-BF16) | 1 875 | > 1e6 | 0 | 5 | 6.3 |
+    | AVX2, default (AMD EPYC) | 372 | 500 131 | -1.64e-7 | 8 | 3.9 |
+
+    Near x = -5.5, 1 + erf is 0 or 1 fp32 step (6e-8): -5.5 gives -1.64e-7 (true -1.04e-7).
+    Everywhere the absolute error stays within gelu's componentwise bound (c = 8 in u |x|)."""
     x = torch.tensor([-3.0, -5.0, -5.505, -5.5])
     out = F.gelu(x)
     ref = gelu_reference(x.double())
-    assert _ulp(out[:1], ref[:1], "fp32") > 1000
-    assert _ulp(out[1:2], ref[1:2], "fp32") > 10 ** 6
-    assert out[2] == 0 and ref[2] < -1e-7
+    assert _ulp(out[:1], ref[:1], "fp32") > 300
+    assert _ulp(out[1:2], ref[1:2], "fp32") > 10 ** 5
+    # one fp32 step of 1 + erf or none at all; the true value is -1.02e-7
+    assert out[2].item() in (0.0, pytest.approx(-1.6406179e-07, rel=1e-6)) and ref[2] < -1e-7
     assert out[3].item() == pytest.approx(-1.6391277e-07, rel=1e-6)
     u = formats.get("fp32").unit_roundoff
     xs = nc.round_to(torch.linspace(-12, 12, 200001, dtype=torch.float64), "fp32")
     err = (F.gelu(xs.float()).double() - gelu_reference(xs)).abs()
     assert float((err / (u * xs.abs().clamp(min=2.0 ** -15))).max()) < 8
     pos = xs > -1
-    assert _ulp(F.gelu(xs[pos].float()), gelu_reference(xs[pos]), "fp32") <= 5
+    assert _ulp(F.gelu(xs[pos].float()), gelu_reference(xs[pos]), "fp32") <= 8
 
 
 def test_finding_gelu_vectorized_erf_less_accurate_than_naive():
     """torch's fp32 gelu (vectorized erf, ~5 u absolute) vs the naive fp32 composition with
-    torch.erf (~1 u): 2x the naive rel_l2 over U(-6, 6), 4x+ over U(-3, -1). Declared on the torch
-    gelu kernel (known_failure: fp32, exact form, forward); the full grid's sparse fp32 case
-    meets it."""
+    torch.erf (~1 u): over U(-6, 6) 2.0x the naive rel_l2 under AVX512 and 1.40x under AVX2 or
+    the default capability; over U(-3, -1) 4x+ (AVX2/default: 5.5x). Declared on the torch gelu
+    kernel (known_failure: fp32, exact form, forward); the full grid's sparse fp32 case fails the
+    baseline rule (k = 2) under AVX512 and is then reported as known; under AVX2 and default it
+    passes."""
     from numcheck.ops.activations import gelu_baseline
 
     def rel(lo, hi):
@@ -225,13 +234,14 @@ def test_finding_gelu_vectorized_erf_less_accurate_than_naive():
         return [float((y.double() - r).norm() / r.norm()) for y in
                 (F.gelu(xs.float()), gelu_baseline(xs.float()))]
     k, b = rel(-6, 6)
-    assert k > 1.6 * b
+    assert k > 1.3 * b
     k, b = rel(-3, -1)
     assert k > 4 * b
     spec, kern = get_op("gelu"), kernels("gelu")["torch"]
     case = next(c for c in spec.grid("full") if c.id == "fp32-5x3x31-sparse-s1-contiguous-none")
     v = _verify("gelu", kern, cases="full", case_ids=[case.id])
-    assert [r.status for r in v.records if r.output == "out"] == ["known"], v.summary()
+    want = "known" if torch.backends.cpu.get_cpu_capability().startswith("AVX512") else "passed"
+    assert [r.status for r in v.records if r.output == "out"] == [want], v.summary()
     assert kern.known_failure(case, "cpu", "grad_x") is None
 
 

@@ -1,8 +1,8 @@
 """The catalog: the registry with numcheck's built-in ops and kernels in it.
 
 This module's one job is registration: each op family (one file under ``numcheck/ops/``)
-declares its ops and kernels as data (``OPS``, ``KERNELS``) and is registered here, by name and
-family, explicitly. Importing any other module registers nothing. Everything that looks ops up
+declares its ops and kernels as data (``OPS``, ``KERNELS``) and is registered here, explicitly,
+with the built-in suite its ops run in. Importing any other module registers nothing. Everything that looks ops up
 (``verify``, the suites, the CLI) imports this module; users extend it with ``op`` and
 ``kernel`` (``nc.op``, ``@nc.kernel``).
 """
@@ -16,19 +16,19 @@ from .policy import Policy
 from .registry import Kernel, OpSpec, Registry, check_constraints
 
 CATALOG = Registry()
-for _family, _module in (("ops", norms), ("ops", matmul), ("ops", attention), ("ops", softmax),
-                         ("ops", activations), ("ops", rope), ("quant", quant)):
-    CATALOG.register_family(_family, _module.OPS, _module.KERNELS)
+for _suite, _family in (("ops", norms), ("ops", matmul), ("ops", attention), ("ops", softmax),
+                        ("ops", activations), ("ops", rope), ("quant", quant)):
+    CATALOG.register_family(_suite, _family.OPS, _family.KERNELS)
 
 get_op = CATALOG.get_op
 kernels = CATALOG.kernels
 as_kernel = CATALOG.as_kernel
 
 
-def ops(family: str | None = None) -> list[OpSpec]:
-    """Registered ops in name order: ``"ops"`` or ``"quant"`` (the built-in suites), ``"user"``
-    or all (None)."""
-    return CATALOG.ops(family)
+def ops(suite: str | None = None) -> list[OpSpec]:
+    """Registered ops in name order: those of the built-in suite ``"ops"`` or ``"quant"``,
+    users' ops (``"user"``) or all (None)."""
+    return CATALOG.ops(suite)
 
 
 def kernel(op: str, name: str | None = None, **constraints) -> Callable:

@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from .cases import CASE_SETS
-from .records import Record, Status, failing, from_json
+from .records import Golden, Record, Status, from_json
 
 _KEY = pytest.StashKey["_Run"]()
 # pytest_runtest_logreport receives no config: the plugin keeps the session's config here.
@@ -198,7 +198,7 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
             run.finish_lines = rep.lines()
     except UsageError as e:  # a bad golden file: exit 2, results below still written
         run.golden_error = str(e)
-    bad = [r for r in run.records if r.golden == "bad_golden"]
+    bad = [r for r in run.records if r.golden == Golden.BAD_GOLDEN]
     if bad and not run.golden_error:
         run.golden_error = bad[0].golden_reason
     results = _get(config, "results")
@@ -233,11 +233,11 @@ def pytest_terminal_summary(terminalreporter, exitstatus: int, config: pytest.Co
                       f"{c['skipped']:5} skipped  {run.seconds[op]:7.1f} s")
     for reason, n in run.skip_reasons.most_common(8):
         tr.write_line(f"  skipped {n:5}: {reason}")
-    mode = golden_mode(config)
     for r in run.records:
-        if r.golden in ("regressed", "missing", "inputs_changed", "improved"):
+        if r.golden in (Golden.REGRESSED, Golden.MISSING, Golden.INPUTS_CHANGED,
+                        Golden.IMPROVED):
             tr.write_line(f"  {r.golden.value:>14} {r.label}: {r.golden_reason}",
-                          red=failing(r, mode))
+                          red=r.golden != Golden.IMPROVED)
     for line in run.finish_lines:
         tr.write_line(f"  {line}")
     for op in run.idle:

@@ -121,9 +121,8 @@ class OpRules:
         grad = record.output != "out"
         v = judge(policy or Policy(), record.kernel_stats, record.baseline_stats,
                   what=record.output, compute=record.dtype,
-                  bound_ratio=None if math.isnan(record.bound_ratio) else record.bound_ratio,
-                  baseline_bound_ratio=None if math.isnan(record.baseline_bound_ratio)
-                  else record.baseline_bound_ratio,
+                  bound_ratio=_number(record.bound_ratio),
+                  baseline_bound_ratio=_number(record.baseline_bound_ratio),
                   reduction_len=record.reduction_len, cond=record.cond, grad=grad)
         return v.failures
 
@@ -132,6 +131,10 @@ class OpRules:
 
     def section(self, records: list[Record], plot_path=None) -> str:
         return ""  # the report's worst-cases table covers every family with error statistics
+
+
+def _number(x: float | None) -> float | None:
+    return None if x is None or math.isnan(x) else x
 
 
 OP_RULES = OpRules()

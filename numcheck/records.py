@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import math
 from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any
@@ -107,8 +106,10 @@ class Record:
     u: float | None = _golden(default=None)
     gate_ulp: bool = _golden(default=False)
     gate_bias: bool = _golden(default=False)
-    bound_ratio: float = _golden(default=math.nan)  # max |out-ref| / (u scale), rule 5
-    baseline_bound_ratio: float = _golden(default=math.nan)
+    # max |out - ref| / (u scale), rule 5: NaN where the op has no scale, None where no
+    # element-wise error was measured (curves)
+    bound_ratio: float | None = _golden(default=None)
+    baseline_bound_ratio: float | None = _golden(default=None)
     # -- measurements
     kernel_stats: ErrorStats | None = _golden(default=None)
     baseline_stats: ErrorStats | None = _golden(default=None)
@@ -133,10 +134,6 @@ class Record:
     traceback: str = ""
 
     @property
-    def key(self) -> tuple:
-        return (self.suite, self.op, self.kernel, self.case_id, self.output, self.device_class)
-
-    @property
     def label(self) -> str:
         return f"{self.op}/{self.kernel}/{self.case_id} {self.output}"
 
@@ -147,12 +144,6 @@ class Record:
 
     def metric(self, name: str, default: Any = None) -> Any:
         return (self.metrics or {}).get(name, default)
-
-    def stat(self, column: str) -> Any:
-        """A flat stat column: ``kernel_sqnr_db``, ``baseline_rel_l2``, ..."""
-        side, _, name = column.partition("_")
-        s = self.kernel_stats if side == "kernel" else self.baseline_stats
-        return None if s is None else getattr(s, name)
 
     def as_row(self) -> dict[str, Any]:
         """The flat form (stats as kernel_* / baseline_* columns, enums as strings): what
@@ -175,8 +166,9 @@ class Record:
     @classmethod
     def from_row(cls, row: dict[str, Any]) -> "Record":
         """A record from its flat form (a results or golden row, a JSON report); unknown
-        columns are ignored, missing ones take their defaults."""
-        kw: dict[str, Any] = {}
+        columns are ignored, missing ones take their defaults (``family``: from the row, see
+        ``family_of_row``)."""
+        kw: dict[str, Any] = {"family": family_of_row(row)}
         for f in dataclasses.fields(cls):
             if f.name in STAT_SIDES:
                 side = STAT_SIDES[f.name]
@@ -199,6 +191,18 @@ class Record:
 
     def replace(self, **changes) -> "Record":
         return dataclasses.replace(self, **changes)
+
+
+def family_of_row(row: dict[str, Any]) -> str:
+    """The family of a golden or results row: its ``family`` column, or for rows without one
+    (golden files, results written before the column existed) what the row holds."""
+    if row.get("family"):
+        return row["family"]
+    if row.get("series") is not None:
+        return "convergence"
+    if row.get("suite") == "quant" and row.get("op") in ("roundtrip", "gemm"):
+        return "quant"
+    return "ops"
 
 
 GOLDEN_FIELDS = tuple(f.name for f in dataclasses.fields(Record) if f.metadata.get("golden"))

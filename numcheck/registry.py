@@ -20,7 +20,7 @@ from .policy import Policy
 TensorArg = tuple[torch.Tensor, torch.dtype]
 InputBuilder = Callable[[Case], tuple[dict[str, TensorArg], dict[str, Any]]]
 
-FAMILIES = ("ops", "quant", "user")  # built-in op suites ("ops", "quant") and users' ops
+SUITES = ("ops", "quant", "user")  # the built-in suite an op runs in ("ops", "quant"), or users'
 
 
 @dataclass(frozen=True)
@@ -46,7 +46,7 @@ class OpSpec:
     # Output dtypes a kernel may return (default: the case's compute dtype).
     out_dtypes: Callable[[Case], tuple[torch.dtype, ...]] | None = None
     doc: str = ""
-    family: str = "user"  # set by the registry: "ops" | "quant" (built-in suites) | "user"
+    suite: str = "user"  # set by the registry: "ops" | "quant" (built-in suites) | "user"
 
     def blocks_for(self, case: Case, shape: torch.Size) -> Any:
         return self.blocks(case, shape) if self.blocks is not None else None
@@ -90,27 +90,28 @@ KERNEL_CONSTRAINTS = ("dtypes", "devices", "forward_only", "backward", "supports
 
 
 class Registry:
-    """Ops by name and their kernels by name; registration names the op's family."""
+    """Ops by name and their kernels by name; an op family registers its ops and kernels,
+    naming the suite they run in."""
 
     def __init__(self) -> None:
         self._ops: dict[str, OpSpec] = {}
         self._kernels: dict[str, dict[str, Kernel]] = {}
 
-    def register_family(self, family: str, ops: tuple[OpSpec, ...],
+    def register_family(self, suite: str, ops: tuple[OpSpec, ...],
                         kernels: tuple[Kernel, ...] = ()) -> None:
         for spec in ops:
-            self.register_op(spec, family)
+            self.register_op(spec, suite)
         for k in kernels:
             self.register_kernel(k)
 
-    def register_op(self, spec: OpSpec, family: str = "user") -> OpSpec:
-        if family not in FAMILIES:
-            raise UsageError(f"op {spec.name!r}: family {family!r}; use one of "
-                             f"{', '.join(FAMILIES)}")
+    def register_op(self, spec: OpSpec, suite: str = "user") -> OpSpec:
+        if suite not in SUITES:
+            raise UsageError(f"op {spec.name!r}: suite {suite!r}; use one of "
+                             f"{', '.join(SUITES)}")
         old = self._ops.get(spec.name)
-        if old is not None and old.family != "user":
+        if old is not None and old.suite != "user":
             raise UsageError(f"op {spec.name!r}: a built-in op has that name; choose another")
-        spec = replace(spec, family=family)
+        spec = replace(spec, suite=suite)
         self._ops[spec.name] = spec
         self._kernels.setdefault(spec.name, {})
         return spec
@@ -130,9 +131,9 @@ class Registry:
         self.get_op(op)
         return dict(self._kernels[op])
 
-    def ops(self, family: str | None = None) -> list[OpSpec]:
-        """Registered ops in name order, of one family or all."""
-        return [s for n, s in sorted(self._ops.items()) if family in (None, s.family)]
+    def ops(self, suite: str | None = None) -> list[OpSpec]:
+        """Registered ops in name order, of one suite or all."""
+        return [s for n, s in sorted(self._ops.items()) if suite in (None, s.suite)]
 
     def as_kernel(self, op: str, fn, name: str | None = None) -> Kernel:
         """A Kernel for fn: itself if it is one, its registration if registered, else new."""

@@ -25,6 +25,7 @@ import math
 from dataclasses import dataclass, field
 
 from . import golden, verdict
+from .records import family_of_row
 
 # Constants measured in docs/golden-slack-calibration.md (bench/calibrate_golden_slack.py,
 # 4710 benign rows: reordered/blocked fp32 sums, Welford, online softmax, split-K GEMM, ...):
@@ -116,7 +117,7 @@ def _nonfinite(row: dict) -> tuple[int, int]:
 def compare_row(old: dict | None, new: dict, family: str | None = None) -> Change:
     """The golden verdict of ``new`` (a golden-schema row) against ``old`` (None: no golden):
     the common statistics rules below plus the family's own golden rules (``family``: whose
-    rules, default from the row: ``numcheck.verdict.family_of_row``)."""
+    rules, default from the row: ``numcheck.records.family_of_row``)."""
     key = golden.key_of(new)
     if old is None:
         return Change(key, "new", ["no golden row for this case"], None, new)
@@ -125,7 +126,7 @@ def compare_row(old: dict | None, new: dict, family: str | None = None) -> Chang
         return Change(key, "inputs_changed", [
             f"input digest {old['input_digest']} -> {new['input_digest']}: the case's inputs "
             "changed (generator, distribution or op input builder); refresh the golden"], old, new)
-    worse, better = verdict.rules(family or verdict.family_of_row(new)).golden(old, new)
+    worse, better = verdict.rules(family or family_of_row(new)).golden(old, new)
     if new.get("status") == "error" and old.get("status") != "error":
         worse.append(f"the kernel now fails to run ({old.get('status')} -> error)")
     if new.get("kernel_n") is None or old.get("kernel_n") is None:

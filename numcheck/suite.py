@@ -26,7 +26,7 @@ _SLIM = ("op", "kernel", "case_id", "output", "status", "reason", "golden", "ker
 def suite_cases(cases: str, ops: list[str] | None = None,
                 suite: str = "ops") -> list[tuple[OpSpec, Kernel, Case]]:
     """Every (op, built-in kernel, case) of the case set, in a stable order; ``suite`` picks
-    the built-in ops of that family ("ops" or "quant")."""
+    the built-in ops of that suite ("ops" or "quant")."""
     out = []
     for spec in [get_op(n) for n in sorted(ops)] if ops else catalog_ops(suite):
         name = spec.name
@@ -97,7 +97,7 @@ class SuiteContext:
                 r.suite = self.suite
             r.case_set = r.case_set or self.case_set
             if r.status == Status.PENDING:
-                verdict.judge(r)
+                verdict.judge(r, get_op(r.op).policy if r.family == "ops" else None)
         if self.session is not None:
             try:
                 self.session.judge(records)

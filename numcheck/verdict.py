@@ -58,11 +58,6 @@ def judge(record: Record, policy: Policy | None = None) -> Record:
     return record
 
 
-def family_of_row(row: dict) -> str:
-    """The family of a golden or results row (golden files carry no family column)."""
-    return row.get("family") or ("convergence" if row.get("series") is not None else "ops")
-
-
 def sections(records: list[Record], plot_path=None) -> str:
     """The families' report sections, in RULES order."""
     parts = [rules(f).section([r for r in records if r.family == f], plot_path) for f in RULES]

@@ -3,7 +3,8 @@
 Modules, in data-flow order: ``data`` (seeded synthetic tasks), ``models`` (mlp, tiny_lm,
 tiny_dit), ``linear`` (quantized linear via ``QuantRecipe.qdq``, ``apply_recipe``), ``recipes``
 (what a recipe name means), ``train`` (one paired run), ``gate`` (pure verdict functions),
-``run`` (``converge`` / ``ConvergenceRun``), ``records`` (golden rows, table), ``plot``.
+``run`` (``converge`` / ``ConvergenceRun``), ``records`` (a run's ``Record``s), ``rules`` (the
+family's verdict, golden rule, table and report section), ``plot``.
 """
 from .gate import window_regression
 from .linear import QuantLinear, apply_recipe

@@ -1,10 +1,11 @@
-"""Loss-vs-step plot of a ConvergenceRun (matplotlib, Agg backend): seed-mean loss of every
-recipe, with the fp32 reference's min-max band across seeds shaded."""
+"""Plots (matplotlib, Agg backend): ``plot_run``, the loss-vs-step curves of a ConvergenceRun
+(seed-mean loss of every recipe, the fp32 reference's min-max band across seeds shaded), and
+``plot_series``, the recorded paired differences of convergence records (the report's plots)."""
 from __future__ import annotations
 
 import numpy as np
 
-__all__ = ["plot_run"]
+__all__ = ["plot_run", "plot_series"]
 
 
 def plot_run(run, path) -> str:
@@ -34,3 +35,34 @@ def plot_run(run, path) -> str:
     fig.savefig(path)
     plt.close(fig)
     return str(path)
+
+
+def plot_series(records, path) -> list[str]:
+    """One PNG per model: each recipe's seed-mean loss minus the fp32 reference's, per step,
+    with its band across seeds shaded; returns the paths written."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from pathlib import Path
+
+    written = []
+    for model in sorted({r.op for r in records}):
+        fig, ax = plt.subplots(figsize=(8, 4.5), dpi=100)
+        for r in sorted((r for r in records if r.op == model), key=lambda r: r.kernel):
+            s = [float(v) for v in r.series]
+            b = [float(v) for v in (r.series_band or [0.0] * len(s))]
+            steps = range(len(s))
+            line, = ax.plot(steps, s, lw=1.2, label=r.kernel)
+            ax.fill_between(steps, [a - c for a, c in zip(s, b)], [a + c for a, c in zip(s, b)],
+                            color=line.get_color(), alpha=0.15)
+        ax.axhline(0.0, color="k", lw=0.8)
+        ax.set(xlabel="step", ylabel="loss - fp32 loss (seed mean, band: seed spread)",
+               title=f"convergence: {model}")
+        ax.legend(fontsize=7, ncol=2)
+        p = Path(path).with_name(f"{Path(path).stem}-{model}.png")
+        p.parent.mkdir(parents=True, exist_ok=True)
+        fig.tight_layout()
+        fig.savefig(p)
+        plt.close(fig)
+        written.append(str(p))
+    return written

@@ -8,6 +8,7 @@ import math
 
 from ..records import Record
 from .gate import window_regression
+from .plot import plot_series
 
 
 class ConvergenceRules:
@@ -65,34 +66,3 @@ def table(records: list[Record], *, markdown: bool = False) -> str:
     out = [f"{'recipe':24} " + " ".join(f"{c:>13}" for c in cols) + "  status"]
     return "\n".join(out + [f"{row[1]:24} " + " ".join(f"{c:>13}" for c in row[2:7]) +
                             f"  {row[7]}" for row in rows])
-
-
-def plot_series(records: list[Record], path) -> list[str]:
-    """One PNG per model: each recipe's seed-mean loss minus the fp32 reference's, per step,
-    with its band across seeds shaded; returns the paths written."""
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    from pathlib import Path
-
-    written = []
-    for model in sorted({r.op for r in records}):
-        fig, ax = plt.subplots(figsize=(8, 4.5), dpi=100)
-        for r in sorted((r for r in records if r.op == model), key=lambda r: r.kernel):
-            s = [float(v) for v in r.series]
-            b = [float(v) for v in (r.series_band or [0.0] * len(s))]
-            steps = range(len(s))
-            line, = ax.plot(steps, s, lw=1.2, label=r.kernel)
-            ax.fill_between(steps, [a - c for a, c in zip(s, b)], [a + c for a, c in zip(s, b)],
-                            color=line.get_color(), alpha=0.15)
-        ax.axhline(0.0, color="k", lw=0.8)
-        ax.set(xlabel="step", ylabel="loss - fp32 loss (seed mean, band: seed spread)",
-               title=f"convergence: {model}")
-        ax.legend(fontsize=7, ncol=2)
-        p = Path(path).with_name(f"{Path(path).stem}-{model}.png")
-        p.parent.mkdir(parents=True, exist_ok=True)
-        fig.tight_layout()
-        fig.savefig(p)
-        plt.close(fig)
-        written.append(str(p))
-    return written

@@ -26,7 +26,7 @@ import numpy as np
 from ..cases import check_case_set
 from ..errors import UsageError
 from .. import verdict
-from ..records import Record
+from ..records import Record, failing
 from . import gate
 from .models import MODELS
 from .recipes import DEFAULT_RECIPES, Spec, resolve
@@ -61,7 +61,9 @@ class RecipeResult:
     grad_bias: np.ndarray | None = None
     sat_by_role: dict = field(default_factory=dict)
     seconds: float = 0.0
-    status: str = "passed"  # passed | failed | error | skipped
+    # the run's own state: passed | failed (the gate found something) | error | skipped; the
+    # verdict a run is judged by is its record's (ConvergenceRun.records, numcheck.verdict)
+    status: str = "passed"
     reasons: list[str] = field(default_factory=list)
     metrics: dict[str, float] = field(default_factory=dict)
 
@@ -77,7 +79,8 @@ class ConvergenceRun:
 
     @property
     def passed(self) -> bool:
-        return all(r.status in ("passed", "skipped") for r in self.results.values())
+        """No recipe's record fails (numcheck.records.failing)."""
+        return not any(failing(r) for r in self.records())
 
     @property
     def reference(self) -> RecipeResult:

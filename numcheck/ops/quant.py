@@ -370,13 +370,13 @@ def scaled_mm_reason(r: QuantRecipe) -> str | None:
         q = getattr(r, role)
         if q is None or not isinstance(q.format, fp8.FP8Format) or q.rounding != "rne":
             return (f"recipe {r.name}: torch._scaled_mm takes FP8 (e4m3/e5m2) operands; "
-                    f"{role} is {'unquantized' if q is None else q.kind}")
-        if q.granularity not in ("tensor", "row"):
+                    f"{role} is {'unquantized' if q is None else q.format.name}")
+        if q.format.granularity not in ("tensor", "row"):
             return (f"recipe {r.name}: torch._scaled_mm on CPU takes tensor-wise or row-wise "
-                    f"scales only; {q.granularity} scaling (like 1x32 MX, 1x16 NVFP4) needs "
-                    "CUDA (PLATFORM.md), and numcheck has no wrapper for torch's CUDA "
+                    f"scales only; {q.format.granularity} scaling (like 1x32 MX, 1x16 NVFP4) "
+                    "needs CUDA (PLATFORM.md), and numcheck has no wrapper for torch's CUDA "
                     "block-scaled GEMM yet")
-    if r.x.granularity != r.w.granularity:
+    if r.x.format.granularity != r.w.format.granularity:
         return f"recipe {r.name}: _scaled_mm needs both operands scaled alike"
     if r.hadamard:
         return f"recipe {r.name}: the RHT is not part of torch._scaled_mm"
@@ -391,11 +391,11 @@ def torch_scaled_mm(a, b, recipe):
         raise UsageError(scaled_mm_reason(r))
     af, bf = a.float(), b.float()
     ops = []
-    for t, q, d in ((af, r.x, -1), (bf, r.w, 0)):
-        dt = TORCH_FP8[q.fmt]
+    for t, f, d in ((af, r.x.format, -1), (bf, r.w.format, 0)):
+        dt = TORCH_FP8[f.fmt]
         fmax = torch.finfo(dt).max
-        amax = t.abs().amax() if q.granularity == "tensor" else t.abs().amax(d, keepdim=True)
-        s = torch_fp8_scale(amax, q.fmt, q.pow2_scale)
+        amax = t.abs().amax() if f.granularity == "tensor" else t.abs().amax(d, keepdim=True)
+        s = torch_fp8_scale(amax, f.fmt, f.pow2_scale)
         ops.append(((t * s).clamp(-fmax, fmax).to(dt), torch.reciprocal(s).float()))
     (a8, sa), (b8, sb) = ops
     b8 = b8.t().contiguous().t()  # _scaled_mm wants the second operand column-major

@@ -25,6 +25,7 @@ this module only measures.
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import torch
@@ -53,8 +54,7 @@ class QuantPath:
     blocks: object  # int k along the last dim, (rows, cols) tiles, or "row"
 
     @property
-    def elem(self) -> QuantFormat:
-        """The path's format: its element grid's unit roundoff goes into the record's ``u``."""
+    def format(self) -> QuantFormat:
         return self.q.format
 
 
@@ -74,26 +74,8 @@ def _paths() -> dict[str, QuantPath]:
 PATHS: dict[str, QuantPath] = _paths()
 
 
-def unit_roundoff(elem: QuantFormat | str) -> float:
-    """The unit roundoff of a quantization format's element grid, or of a number format."""
-    return elem.unit_roundoff if isinstance(elem, QuantFormat) else \
-        formats.get(elem).unit_roundoff
-
-
 def _stat_blocks(blocks, shape):
     return shape[-1] if blocks == "row" else blocks
-
-
-def saturation(path: QuantPath, x64: torch.Tensor) -> torch.Tensor:
-    """Boolean mask (x's shape): |x| beyond the largest value representable at the element's
-    scale (module doc), for quantization along the last dim."""
-    return path.q.format.saturation(x64, -1)
-
-
-def overflow_threshold(fmt: str) -> float:
-    """max + half the step below it (ulp at the top binade): RNE without saturation rounds
-    values above this beyond max (e4m3: 464, e5m2: 61440, e2m1: 7)."""
-    return formats.get(fmt).overflow_threshold
 
 
 def _record(op, kernel, case_id, dist, seed, params, shape, digest, ks, bs, u,
@@ -103,6 +85,7 @@ def _record(op, kernel, case_id, dist, seed, params, shape, digest, ks, bs, u,
         family="quant", op=op, kernel=kernel, case_id=case_id, dtype=DTYPE,
         shape="x".join(map(str, shape)), dist=dist, seed=seed, params=params, device="cpu",
         device_class=environment.device_class("cpu"), input_digest=digest, u=u,
+        bound_ratio=math.nan, baseline_bound_ratio=math.nan,
         kernel_stats=ks, baseline_stats=bs, metrics=metrics)
 
 
@@ -127,12 +110,12 @@ def roundtrip_record(path: str | QuantPath, dist: str, shape=ROUNDTRIP_SHAPE,
     bs = error_stats(base, x64, blocks=blocks)
     finite = torch.isfinite(x64)
     metrics = {
-        "clip_frac": float(saturation(p, x64).double().mean()),
+        "clip_frac": float(p.format.saturation(x64, -1).double().mean()),
         "underflow_frac": float(((x64 != 0) & (out == 0)).double().mean()),
         "nonfinite": int((~torch.isfinite(out) & finite).sum()),
     }
     return _record("roundtrip", p.name, case_id, dist, seed, f"path={p.name}", shape,
-                   input_digest({"x": x64}, {}), ks, bs, unit_roundoff(p.elem), metrics)
+                   input_digest({"x": x64}, {}), ks, bs, p.format.unit_roundoff, metrics)
 
 
 def gemm_inputs(dist: str, shape=GEMM_SHAPE, seed: int | None = None):
@@ -161,13 +144,11 @@ def gemm_record(recipe: str, dist: str, shape=GEMM_SHAPE) -> Record:
     ks = error_stats(out, ref, blocks=GEMM_TILE)
     bs = error_stats(base, ref, blocks=GEMM_TILE)
     gap = bs.sqnr_db - ks.sqnr_db
-    q = r.x
-    elem = q.format
     metrics = {"sqnr_gap_db": gap,
                "nonfinite": int((~torch.isfinite(out)).sum())}
     return _record("gemm", r.name, case_id, dist, seed, f"recipe={r.name}", shape,
                    input_digest({"a": a64, "b": b64}, {"recipe": r.name}), ks, bs,
-                   unit_roundoff(elem), metrics)
+                   r.x.format.unit_roundoff, metrics)
 
 
 RECIPE_NAMES = tuple(RECIPES)

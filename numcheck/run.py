@@ -10,6 +10,7 @@ raises, or returns the wrong shape, dtype or device, fails that case by name; th
 from __future__ import annotations
 
 import dataclasses
+import inspect
 import json
 import math
 import traceback
@@ -173,8 +174,11 @@ class _Prepared:
     dev_in: dict[str, torch.Tensor]
     exact: dict[str, torch.Tensor]
     kwargs: dict[str, Any]  # as the reference gets them (CPU)
-    dkw: dict[str, Any]  # as kernel and baseline get them (on the device)
+    dkw: dict[str, Any]  # as the baseline gets them (on the device)
+    kernel_kw: dict[str, Any]  # the part of dkw the kernel takes (its signature)
+    backward_kw: dict[str, Any]  # the part of dkw a separate backward takes
     grads: tuple[str, ...]  # tensor args whose gradients are judged
+    skip: str | None = None  # why the kernel cannot run this case (a parameter it lacks)
     ref_in: dict[str, torch.Tensor] | None = None  # the reference's float64 leaves
     ref: torch.Tensor | None = None  # FP64 on the CPU, the same on every device
 
@@ -212,7 +216,42 @@ def _prepare(spec: OpSpec, kern: Kernel, case: Case, device: str) -> _Prepared:
     # on the CPU, kernel and baseline on the device.
     dkw = {k: v.to(device) if isinstance(v, torch.Tensor) else v for k, v in kwargs.items()}
     grads = () if kern.forward_only else spec.judged_grads(case)
-    return _Prepared(dev_in, exact, kwargs, dkw, grads)
+    kernel_kw, skip = _taken(kern.fn, spec, dkw)
+    backward_kw = _taken(kern.backward, spec, dkw)[0] if kern.backward is not None else {}
+    return _Prepared(dev_in, exact, kwargs, dkw, kernel_kw, backward_kw, grads,
+                     skip=f"kernel {skip}" if skip else None)
+
+
+def _op_defaults(spec: OpSpec) -> dict[str, Any]:
+    """The op's parameter defaults, from its reference's signature (the op's signature)."""
+    try:
+        params = inspect.signature(spec.reference).parameters.values()
+    except (TypeError, ValueError):
+        return {}
+    return {p.name: p.default for p in params if p.default is not p.empty}
+
+
+def _taken(fn, spec: OpSpec, kw: dict[str, Any]) -> tuple[dict[str, Any], str | None]:
+    """The keyword arguments ``fn`` accepts (DESIGN, "Public contract"): a parameter it does
+    not take is left out when the case gives it the op's default, and makes the case skip
+    (the reason, second) when the case needs another value. Callables without a readable
+    signature, or with ``**kwargs``, get everything."""
+    try:
+        params = inspect.signature(fn).parameters
+    except (TypeError, ValueError):
+        return dict(kw), None
+    if any(p.kind == p.VAR_KEYWORD for p in params.values()):
+        return dict(kw), None
+    defaults = _op_defaults(spec)
+    out, missing = {}, []
+    for k, v in kw.items():
+        if k in params:
+            out[k] = v
+        elif not (k in defaults and not isinstance(v, torch.Tensor) and v == defaults[k]):
+            missing.append(f"{k}={v!r}" if not isinstance(v, torch.Tensor) else k)
+    name = getattr(fn, "__name__", "kernel")
+    return out, (f"{name} does not take {', '.join(missing)} (not the op's default)"
+                 if missing else None)
 
 
 def _leaves(tensors: dict[str, torch.Tensor], grads: tuple[str, ...]) -> dict[str, torch.Tensor]:
@@ -226,7 +265,7 @@ def _execute(spec: OpSpec, kern: Kernel, case: Case, device: str, p: _Prepared) 
     ref_in, ref = p.ref_in, p.ref
     kin, bin_ = _leaves(p.dev_in, p.grads), _leaves(p.dev_in, p.grads)
     try:
-        out = kern.fn(**kin, **p.dkw)
+        out = kern.fn(**kin, **p.kernel_kw)
     except Exception as e:
         raise _KernelFailed(f"kernel {kern.name} raised {type(e).__name__}: {e}",
                             traceback.format_exc(limit=-3)) from e
@@ -241,7 +280,8 @@ def _execute(spec: OpSpec, kern: Kernel, case: Case, device: str, p: _Prepared) 
     g_dev, g_exact = inputs.cast(g64, out.dtype, device)
     try:
         if kern.backward is not None:
-            kg = kern.backward(g_dev, **{n: t.detach() for n, t in kin.items()}, **p.dkw)
+            kg = kern.backward(g_dev, **{n: t.detach() for n, t in kin.items()},
+                               **p.backward_kw)
         else:
             kg = torch.autograd.grad(out, [kin[n] for n in p.grads], g_dev, allow_unused=True)
     except Exception as e:
@@ -303,6 +343,8 @@ def run_case(spec: OpSpec, kern: Kernel, case: Case, device: str, *,
     if reason:
         return [base.replace(status=Status.SKIPPED, reason=reason)]
     p = _prepare(spec, kern, case, device)
+    if p.skip:  # a parameter the case needs and the kernel does not take
+        return [base.replace(status=Status.SKIPPED, reason=p.skip)]
     base.input_digest = inputs.input_digest(p.exact, p.kwargs)
     p.ref_in = _leaves(p.exact, p.grads)
     try:

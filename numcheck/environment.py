@@ -18,6 +18,7 @@ import datetime as _dt
 import importlib.metadata
 import importlib.util
 import platform
+import re
 import shutil
 import subprocess
 import warnings
@@ -26,8 +27,8 @@ import torch
 
 from .errors import UsageError
 
-__all__ = ["available_devices", "cpu_isa", "device_class", "dtype_support", "optional_libraries",
-           "provenance", "sdpa_backends"]
+__all__ = ["ENVIRONMENT_FAILURES", "available_devices", "cpu_isa", "device_class", "dtype_support",
+           "known_failure", "optional_libraries", "provenance", "sdpa_backends"]
 
 # Low-precision dtypes numcheck works with, by torch attribute name (absent in older torch).
 LOW_PRECISION_DTYPES = ("float8_e4m3fn", "float8_e5m2", "float8_e4m3fnuz", "float8_e5m2fnuz",
@@ -40,6 +41,30 @@ OPTIONAL_LIBRARIES = ("ml_dtypes", "torchao", "triton", "pyarrow", "hypothesis",
 _DIST_NAMES = {"ml_dtypes": "ml-dtypes"}
 _CPU_FLAGS = ("avx2", "avx512f", "avx512_bf16", "amx_tile", "amx_bf16")
 _SDPA_BACKENDS = ("MATH", "FLASH_ATTENTION", "EFFICIENT_ATTENTION", "CUDNN_ATTENTION")
+
+# Errors of the environment, not of the kernel under test: (pattern searched in the kernel's error
+# message, finding id, one-line explanation). Each is a finding in docs/findings.md, with the
+# versions and machines it was seen on.
+ENVIRONMENT_FAILURES: tuple[tuple[re.Pattern, str, str], ...] = (
+    (re.compile(r"pack_vnni2 is only supported when avx512 is supported"),
+     "torch-cpu-flash-bf16-avx2-vnni",
+     "torch's CPU flash SDPA in bf16 under ATEN_CPU_CAPABILITY=avx2 on a CPU with AMX: a torch "
+     "limitation (seen with torch 2.13.0 on an Intel Xeon with AMX); run it under avx512"),
+    (re.compile(r"at::vec.{0,3} has not been declared"),
+     "inductor-cache-across-cpu-capability",
+     "inductor served C++ generated for another ATEN_CPU_CAPABILITY from a shared "
+     "TORCHINDUCTOR_CACHE_DIR (torch 2.13.0); give each capability its own cache folder"),
+)
+
+
+def known_failure(message: str) -> str | None:
+    """The finding id of a documented environment failure whose error message ``message`` is
+    (``ENVIRONMENT_FAILURES``: a torch build or machine limitation, not a wrong kernel), else
+    None. A case failing this way is the environment's, reported under that id."""
+    for pattern, finding, _ in ENVIRONMENT_FAILURES:
+        if pattern.search(message):
+            return finding
+    return None
 
 
 def _resolve(device) -> torch.device:
@@ -91,15 +116,16 @@ def device_class(device=None) -> str:
     return dev.type
 
 
-def _cpuinfo() -> tuple[set[str], str] | None:
-    """(flags, model name) of the first CPU from /proc/cpuinfo; None where it is unreadable."""
+def _cpuinfo() -> tuple[set[str], str, str] | None:
+    """(flags, model name, vendor id) of the first CPU from /proc/cpuinfo; None where it is
+    unreadable."""
     try:
         with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as fh:
             text = fh.read()
     except OSError:
         return None
     flags: set[str] = set()
-    model = ""
+    model = vendor = ""
     for line in text.splitlines():
         key, _, value = line.partition(":")
         key = key.strip()
@@ -107,7 +133,9 @@ def _cpuinfo() -> tuple[set[str], str] | None:
             flags = set(value.split())
         elif key in ("model name", "Hardware", "Model") and not model:
             model = value.strip()
-    return flags, model
+        elif key in ("vendor_id", "CPU implementer") and not vendor:
+            vendor = value.strip()
+    return flags, model, vendor
 
 
 def cpu_isa() -> dict:
@@ -115,8 +143,10 @@ def cpu_isa() -> dict:
 
     Returns ``torch_capability`` (what torch's dispatcher picked: DEFAULT, AVX2, AVX512, ...),
     one boolean per flag in ``avx2 avx512f avx512_bf16 amx_tile amx_bf16`` (False where
-    /proc/cpuinfo is unreadable: ``flags_source`` then says ``unavailable``), and ``summary``,
-    the most capable of AMX, AVX512-BF16, AVX512, AVX2, else torch's capability string.
+    /proc/cpuinfo is unreadable: ``flags_source`` then says ``unavailable``), ``vendor`` (the CPU
+    vendor id, ``GenuineIntel`` / ``AuthenticAMD`` on x86: MKL picks its kernels by vendor too;
+    "" where unknown), and ``summary``, the most capable of AMX, AVX512-BF16, AVX512, AVX2, else
+    torch's capability string.
     """
     try:
         capability = str(torch.backends.cpu.get_cpu_capability())
@@ -127,6 +157,7 @@ def cpu_isa() -> dict:
     out: dict = {"torch_capability": capability}
     out.update({flag: flag in flags for flag in _CPU_FLAGS})
     out["flags_source"] = "/proc/cpuinfo" if info else "unavailable"
+    out["vendor"] = info[2] if info else ""
     if out["amx_tile"] or out["amx_bf16"]:
         summary = "AMX"
     elif out["avx512_bf16"]:

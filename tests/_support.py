@@ -1,10 +1,17 @@
 """Helpers shared by the op-family tests (imported as a plain module: tests/ is on sys.path)."""
 from __future__ import annotations
 
+import importlib.metadata
 import math
+import os
 import warnings
+from dataclasses import dataclass, field
+from typing import Callable
 
+import pytest
 import torch
+
+from numcheck import environment
 
 from numcheck.records import Record
 from numcheck.run import verify
@@ -41,3 +48,80 @@ def golden_record(case="c1", rel=1.234567e-3, **kw) -> Record:
                   f"{side}_n_blocks": 4})
     r.update(kw)
     return Record.from_row(r)
+
+
+# ---- third-party findings: where each was measured ---------------------------------------------
+
+class FindingChanged(UserWarning):
+    """A pinned third-party behaviour did not show on versions it was not measured on."""
+
+
+def installed(dist: str) -> str | None:
+    """The installed version of distribution ``dist`` (None when absent)."""
+    try:
+        return importlib.metadata.version(dist)
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+@dataclass(frozen=True)
+class Finding:
+    """A third-party library's or the CPU's behaviour that a test pins, and where it was measured.
+
+    ``versions``: distribution -> the version prefixes it was measured on ("2.13" matches
+    2.13.0+cpu); ``platform``: in words, with ``on`` the predicate over
+    ``numcheck.environment.cpu_isa()`` (None: any CPU). ``expect(ok, what)`` asserts the pinned
+    behaviour where it was measured (versions and platform). On another platform it claims nothing
+    (the test asserts the platform-independent part itself). On other versions a difference is
+    reported as a ``FindingChanged`` warning (fixed or changed upstream), not a red build; the
+    scheduled newest-dependencies job sets NUMCHECK_FINDINGS=strict to make it fail (ci/README.md).
+    """
+    name: str
+    versions: dict[str, tuple[str, ...]]
+    platform: str = "any CPU"
+    on: Callable[[dict], bool] | None = field(default=None, compare=False)
+
+    def versions_match(self) -> bool:
+        for dist, prefixes in self.versions.items():
+            v = installed(dist)
+            if v is None or not any(v == p or v.startswith(p + ".") or v.startswith(p + "+")
+                                    for p in prefixes):
+                return False
+        return True
+
+    def platform_matches(self) -> bool:
+        return self.on is None or bool(self.on(environment.cpu_isa()))
+
+    def measured_here(self) -> bool:
+        return self.versions_match() and self.platform_matches()
+
+    def where(self) -> str:
+        vs = ", ".join(f"{d} {'/'.join(p)}" for d, p in self.versions.items())
+        return f"{vs} on {self.platform}"
+
+    @staticmethod
+    def here() -> str:
+        isa = environment.cpu_isa()
+        return (f"torch {torch.__version__}, ml_dtypes {installed('ml-dtypes')}, torchao "
+                f"{installed('torchao')} on {isa['vendor'] or 'unknown vendor'} {isa['summary']} "
+                f"(ATen capability {isa['torch_capability']})")
+
+    def expect(self, ok: bool, what: str) -> bool:
+        """Assert ``ok`` (the behaviour as measured) where it was measured; see the class doc."""
+        if ok or not self.platform_matches():
+            return ok
+        msg = (f"finding {self.name!r}: {what} -- measured with {self.where()}; not so with "
+               f"{self.here()}")
+        if self.versions_match() or os.environ.get("NUMCHECK_FINDINGS") == "strict":
+            pytest.fail(msg + ("" if self.versions_match() else
+                               " (changed upstream: make the test version-aware, ci/README.md)"))
+        warnings.warn(FindingChanged(msg + " (changed upstream?)"), stacklevel=2)
+        return ok
+
+
+def amd(isa: dict) -> bool:
+    return isa["vendor"] == "AuthenticAMD"
+
+
+def intel_amx(isa: dict) -> bool:
+    return isa["vendor"] == "GenuineIntel" and bool(isa["amx_tile"])

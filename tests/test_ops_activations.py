@@ -17,7 +17,7 @@ from numcheck.ops.activations import (SILU_OVERFLOW_X, gelu_reference, silu_refe
                                       swiglu_reference)
 from numcheck.variants import (gelu_erfc_fp32, silu_sigmoid_fp32, silu_sigmoid_fp32_backward,
                                swiglu_fused_fp32)
-from _support import gen, quiet_verify
+from _support import Finding, gen, quiet_verify
 
 pytestmark = pytest.mark.filterwarnings("ignore:Mismatch dtype")
 
@@ -172,6 +172,9 @@ def test_benign_variant_passes(op, variant):
 
 # ---- findings: torch 2.13 CPU, pinned (a change means torch changed, not numcheck) -------------
 
+TORCH_CPU = Finding("torch's CPU elementwise kernels", {"torch": ("2.13",)},
+                    "x86 CPUs (AMD EPYC AVX2 and AVX512-BF16 measured)")
+
 def _ulp(out: torch.Tensor, ref: torch.Tensor, fmt: str) -> int:
     return int(nc.ulp_distance(out.double(), nc.round_to(ref, fmt), fmt).max())
 
@@ -184,7 +187,8 @@ def test_finding_silu_flushes_below_exp_overflow():
     assert (ref.abs() > formats.get("fp32").min_normal).all()
     for dt in (torch.float32, torch.bfloat16):
         out = F.silu(x.to(dt))
-        assert (out == 0).all() and torch.signbit(out).all(), out
+        TORCH_CPU.expect(bool((out == 0).all() and torch.signbit(out).all()),
+                         f"F.silu {dt} flushes to -0 below -88.72: {out}")
     # and just above the band it is within 2 ULP
     x = torch.tensor([-88.7, -80.0, -20.0])
     assert _ulp(F.silu(x), silu_reference(x.double()), "fp32") <= 2
@@ -253,7 +257,8 @@ def test_finding_gelu_tanh_backward_nan_for_huge_inputs():
     for dt in (torch.float32, torch.bfloat16):
         x = torch.tensor([1e20, -1e20, 1e13] * 8, dtype=dt, requires_grad=True)
         (g,) = torch.autograd.grad(F.gelu(x, approximate="tanh").sum(), x)
-        assert torch.isnan(g[:2]).all() and g[2] == 1, g[:3]
+        TORCH_CPU.expect(bool(torch.isnan(g[:2]).all() and g[2] == 1),
+                         f"gelu tanh backward NaN beyond 1.8e19 ({dt}): {g[:3]}")
     xr = torch.tensor([1e20, -1e20], dtype=torch.float64, requires_grad=True)
     (gr,) = torch.autograd.grad(gelu_reference(xr, "tanh").sum(), xr)
     assert gr.tolist() == [1.0, 0.0]
@@ -265,7 +270,8 @@ def test_finding_unfused_swiglu_backward_overflows():
     a = torch.tensor([-1e4, 5.0], dtype=torch.float16, requires_grad=True)
     b = torch.tensor([60000.0, 1.0], dtype=torch.float16)
     (ga,) = torch.autograd.grad(F.silu(a) * b, a, torch.tensor([2.0, 1.0], dtype=torch.float16))
-    assert torch.isnan(ga[0]) and torch.isfinite(ga[1])
+    TORCH_CPU.expect(bool(torch.isnan(ga[0]) and torch.isfinite(ga[1])),
+                     f"unfused swiglu backward overflows to NaN: {ga}")
     ar = a.detach().double().requires_grad_()
     (gr,) = torch.autograd.grad(swiglu_reference(ar, b.double()), ar,
                                 torch.tensor([2.0, 1.0], dtype=torch.float64))

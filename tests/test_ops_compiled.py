@@ -110,3 +110,78 @@ def test_recompile_limit_raises_instead_of_running_eager(monkeypatch):
     f(torch.ones(3))
     with pytest.raises(Exception, match="(?i)recompile|cache.*limit"):
         f(torch.ones(5))
+
+
+# ---- inductor's cache per CPU capability (docs/findings.md) --------------------------------
+
+def test_inductor_cache_dir_per_capability():
+    assert C.inductor_cache_dir("AVX2", "/c") == "/c/numcheck-avx2"
+    assert C.inductor_cache_dir("DEFAULT", "/c/") == "/c/numcheck-default"
+    assert C.inductor_cache_dir("AVX512", "/c/numcheck-avx512") == "/c/numcheck-avx512"  # kept
+    # a folder numcheck chose for another capability (a parent process's): its sibling
+    assert C.inductor_cache_dir("DEFAULT", "/c/numcheck-avx2") == "/c/numcheck-default"
+    from torch._inductor.runtime.cache_dir_utils import default_cache_dir
+    assert C.inductor_cache_dir("AVX2", None) == default_cache_dir() + "/numcheck-avx2"
+
+
+_GUARD = """
+import json, torch
+from numcheck.compiled import isolate_inductor_cache
+from torch._inductor.runtime.cache_dir_utils import cache_dir
+path = isolate_inductor_cache()
+print(json.dumps({"cap": str(torch.backends.cpu.get_cpu_capability()), "path": path,
+                  "inductor": cache_dir()}))
+"""
+
+
+def _in_subprocess(code: str, capability: str, cache: str) -> str:
+    import os
+    import subprocess
+    import sys
+    env = {**os.environ, "ATEN_CPU_CAPABILITY": capability, "TORCHINDUCTOR_CACHE_DIR": cache}
+    res = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
+                         timeout=300)
+    assert res.returncode == 0, res.stderr[-3000:]
+    return res.stdout.strip().splitlines()[-1]
+
+
+def test_guard_picks_a_cache_folder_per_capability(tmp_path):
+    """Under ATEN_CPU_CAPABILITY=avx2 and =default (separate processes, one user cache folder)
+    the guard picks different folders inside it, and inductor's own cache_dir() follows."""
+    import json
+    seen = {cap: json.loads(_in_subprocess(_GUARD, cap, str(tmp_path)))
+            for cap in ("avx2", "default")}
+    for r in seen.values():
+        assert r["path"] == r["inductor"] == str(tmp_path / f"numcheck-{r['cap'].lower()}")
+    caps = {r["cap"] for r in seen.values()}
+    paths = {r["path"] for r in seen.values()}
+    assert len(paths) == len(caps)  # two capabilities on x86 with AVX2; one folder each
+    # a child inheriting the parent's per-capability folder gets the sibling of its own
+    child = json.loads(_in_subprocess(_GUARD, "default", seen["avx2"]["path"]))
+    assert child["path"] == seen["default"]["path"]
+
+
+_COMPILE = """
+import hashlib, torch, torch.nn.functional as F
+from numcheck.compiled import Compiled
+def swiglu(a, b):
+    return F.silu(a) * b
+g = torch.Generator().manual_seed(0)
+a, b = torch.randn(4, 129, generator=g), torch.randn(4, 129, generator=g)
+print(hashlib.sha1(Compiled(swiglu)(a, b).numpy().tobytes()).hexdigest())
+"""
+
+
+@pytest.mark.slow
+def test_cache_shared_across_capabilities_is_not_reused(tmp_path):
+    """The finding's repro through numcheck: compile under avx2, then run under default with
+    the same TORCHINDUCTOR_CACHE_DIR. Without the guard, inductor served the avx2 graph under
+    default here (C++ compile error: 'at::vec' has not been declared; the other way round,
+    numerics of neither capability). With it, the second run equals a fresh default compile."""
+    if torch.backends.cpu.get_cpu_capability() not in ("AVX2", "AVX512"):
+        pytest.skip("needs an x86 CPU with AVX2 (two capabilities to switch between)")
+    shared, fresh = tmp_path / "shared", tmp_path / "fresh"
+    _in_subprocess(_COMPILE, "avx2", str(shared))
+    after = _in_subprocess(_COMPILE, "default", str(shared))
+    assert after == _in_subprocess(_COMPILE, "default", str(fresh))
+    assert sorted(p.name for p in shared.iterdir()) == ["numcheck-avx2", "numcheck-default"]

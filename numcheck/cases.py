@@ -54,7 +54,8 @@ class Grid:
     ...). ``extra_full`` adds values used by ``full`` only; ``keep`` drops combinations that make
     no sense (e.g. causal with a mask); ``repair`` turns a row into one that does (e.g. an fp16
     GEMM too big for this CPU into bf16); ``probes`` are fixed rows added to both sets (e.g. the
-    GEMM accumulation probes); ``transform`` rewrites each case (e.g. one ``attn`` factor into
+    GEMM accumulation probes), ``full_probes`` fixed rows of ``full`` only, after them (each
+    over the set's seeds); ``transform`` rewrites each case (e.g. one ``attn`` factor into
     the causal and mask params). The hypothesis search samples from ``all_factors``."""
 
     op: str
@@ -64,6 +65,7 @@ class Grid:
     repair: Callable[[Row], Row] | None = None
     probes: tuple[Row, ...] = ()
     transform: Callable[[Case], Case] | None = None
+    full_probes: tuple[Row, ...] = ()
 
     def __post_init__(self) -> None:
         missing = {"dtype", "shape", "dist"} - set(self.factors)
@@ -91,7 +93,8 @@ class Grid:
             # an op's factors runs to thousands of cases, beyond a nightly budget on 2 cores.
             rows, seeds = pairwise(self.all_factors), FULL_SEEDS
         out, seen = [], set()
-        for row in [self.repair(r) if self.repair else r for r in rows] + list(self.probes):
+        fixed = list(self.probes) + (list(self.full_probes) if cases == "full" else [])
+        for row in [self.repair(r) if self.repair else r for r in rows] + fixed:
             if self.keep is not None and not self.keep(row):
                 continue
             for seed in seeds:
@@ -105,9 +108,11 @@ class Grid:
 def make_grid(op: str, factors: dict[str, list], *, extra_full: dict[str, list] | None = None,
               keep: Callable[[Row], bool] | None = None,
               repair: Callable[[Row], Row] | None = None, probes: list[Row] = (),
-              transform: Callable[[Case], Case] | None = None) -> Grid:
+              transform: Callable[[Case], Case] | None = None,
+              full_probes: list[Row] = ()) -> Grid:
     """The Grid of an op (see ``Grid``)."""
-    return Grid(op, factors, extra_full, keep, repair, tuple(probes), transform)
+    return Grid(op, factors, extra_full, keep, repair, tuple(probes), transform,
+                tuple(full_probes))
 
 
 def default_grid(op: str) -> Grid:

@@ -47,7 +47,8 @@ def kernel(op: str, name: str | None = None, **constraints) -> Callable:
 
 def op(name: str, *, reference, inputs, baseline, policy: Policy | None = None, grid=None,
        grad_args: tuple[str, ...] = (), blocks=None, scale=None, reduction_len=None,
-       skip_grads=None, out_dtypes=None, doc: str = "") -> OpSpec:
+       skip_grads=None, out_dtypes=None, sum_len=None, cond_scale=None,
+       doc: str = "") -> OpSpec:
     """Define a user op (a fused kernel that is no built-in op, e.g. norm + quantize).
 
     reference: float64 function from primitives; inputs: case -> ({arg: (float64, dtype)},
@@ -59,4 +60,4 @@ def op(name: str, *, reference, inputs, baseline, policy: Policy | None = None, 
         name=name, make_inputs=inputs, reference=reference, baseline=baseline,
         grid=grid or default_grid(name), policy=policy or Policy(), grad_args=tuple(grad_args),
         blocks=blocks, scale=scale, reduction_len=reduction_len, skip_grads=skip_grads,
-        out_dtypes=out_dtypes, doc=doc))
+        out_dtypes=out_dtypes, sum_len=sum_len, cond_scale=cond_scale, doc=doc))

@@ -31,7 +31,9 @@ import pyarrow.parquet as pq
 from .errors import UsageError
 from .records import GOLDEN_FIELDS, RESULT_FIELDS, STAT_SIDES, STAT_FIELDS, Record
 
-SCHEMA_VERSION = 1
+# 2: rows carry ``platforms`` (the envelope's platforms); schema-1 files get theirs from the
+# file's provenance when read.
+SCHEMA_VERSION = 2
 KEY = ("suite", "op", "kernel", "case_id", "output", "device_class")
 _INT_STATS = {"n", "n_compared", "n_nan", "n_inf", "nonfinite_mismatch", "max_ulp", "p99_ulp",
               "worst_block", "n_blocks"}
@@ -166,10 +168,15 @@ def read(path: str | Path, *, results: bool = False) -> GoldenFile:
         raise GoldenError(f"{path}: written with golden schema {int(version)} by a newer "
                           f"numcheck; this numcheck reads schema {SCHEMA_VERSION}: upgrade "
                           f"numcheck (pip install -U numcheck)")
-    missing = [c for c in COLUMNS if c not in table.column_names]
+    prov = json.loads(meta.get(b"numcheck.provenance", b"{}"))
+    cols_here = set(table.column_names)
+    if "platforms" not in cols_here:  # schema 1: every row was recorded where the file was
+        table = table.append_column("platforms", pa.array([platform_of(prov)] * table.num_rows,
+                                                          pa.string()))
+        cols_here.add("platforms")
+    missing = [c for c in COLUMNS if c not in cols_here]
     if missing:
         raise GoldenError(f"{path}: missing golden columns {missing[:5]}; {_remedy(path)}")
-    prov = json.loads(meta.get(b"numcheck.provenance", b"{}"))
     if not results:
         table = table.select(list(COLUMNS))
     cols = table.to_pydict()  # column-wise conversion: several times faster than to_pylist
@@ -179,6 +186,88 @@ def read(path: str | Path, *, results: bool = False) -> GoldenFile:
         row = dict(zip(names, values))
         rows[key_of(row)] = row
     return GoldenFile(path, rows, prov, True)
+
+
+# --- platforms and envelopes ---------------------------------------------------------------------
+
+PLATFORM_SEP = "; "
+
+
+def platform_of(provenance: dict[str, str]) -> str:
+    """The platform a result was measured on, from its provenance: what may move a kernel's
+    rounding within one device class. CPU: the CPU's name, the ATen vector path (ISA tier:
+    DEFAULT, AVX2, AVX512, ...) and torch; CUDA: the GPU, CUDA, cuBLAS, cuDNN and torch.
+    E.g. ``AMD EPYC, AVX2, torch 2.13.0+cpu``. Empty provenance: ``unknown``."""
+    if not provenance:
+        return "unknown"
+    torch_v = f"torch {provenance.get('torch', '?')}"
+    if provenance.get("device_class", "cpu") == "cpu":
+        # torch_cpu_isa (written since 0.1) / torch_cpu_capability (older files); the oldest
+        # files have only the CPU's ISA summary, whose first word is the tier ATen picks.
+        tier = provenance.get("torch_cpu_isa") or provenance.get("torch_cpu_capability") or \
+            (provenance.get("cpu_isa") or "?").split("-")[0]
+        return ", ".join((provenance.get("device_name") or "cpu", tier.upper(), torch_v))
+    parts = [provenance.get("device_name") or provenance.get("device_class", "?")]
+    for k in ("cuda", "cublas", "cudnn"):
+        if provenance.get(k) not in (None, "n/a"):
+            parts.append(f"{k} {provenance[k]}")
+    return ", ".join(parts + [torch_v])
+
+
+def platforms_of(row: dict) -> list[str]:
+    return [p for p in (row.get("platforms") or "").split(PLATFORM_SEP) if p]
+
+
+def platform_difference(recorded: str, here: str) -> str:
+    """What differs between two platform ids, e.g. ``AVX512 -> AVX2``."""
+    a, b = recorded.split(", "), here.split(", ")
+    if len(a) != len(b):
+        return f"{recorded} -> {here}"
+    return ", ".join(f"{x} -> {y}" for x, y in zip(a, b) if x != y) or "same platform"
+
+
+# The envelope's worst edge per ErrorStats field: larger is worse, smaller is worse (SQNR), or
+# larger magnitude is worse (signed biases). Fields not listed (sizes, formats) come from the
+# newest row.
+_WORSE_HIGH = {"rel_l2", "max_abs", "mean_abs", "max_ulp", "p99_ulp", "mean_ulp", "n_nan",
+               "n_inf", "nonfinite_mismatch"}
+_WORSE_LOW = {"sqnr_db", "min_block_sqnr_db", "cosine"}
+_WORSE_ABS = {"bias", "bias_ulp", "mag_bias_ulp"}
+_STATUS_RANK = {"passed": 0, "known": 1, "failed": 2, "error": 3}
+
+
+def _worse(stat: str, a: Any, b: Any) -> Any:
+    if a is None or (isinstance(a, float) and math.isnan(a)):
+        return b
+    if b is None or (isinstance(b, float) and math.isnan(b)):
+        return a
+    if stat in _WORSE_HIGH:
+        return max(a, b)
+    if stat in _WORSE_LOW:
+        return min(a, b)
+    return a if abs(a) >= abs(b) else b
+
+
+def merge_envelope(old: dict, new: dict) -> dict:
+    """``new`` merged into ``old``'s envelope (a refresh on another platform): every error
+    statistic the worse of both, the platforms the union, the worse status; the rest of the row
+    (case, verdict inputs) from ``new``. The worst block's index follows its SQNR."""
+    row = dict(new)
+    for side in ("kernel", "baseline"):
+        for stat in _WORSE_HIGH | _WORSE_LOW | _WORSE_ABS:
+            col = f"{side}_{stat}"
+            if col in row:
+                row[col] = _worse(stat, old.get(col), new.get(col))
+        col = f"{side}_min_block_sqnr_db"
+        if row.get(col) == old.get(col) and row.get(col) != new.get(col):
+            row[f"{side}_worst_block"] = old.get(f"{side}_worst_block")
+    for col in ("bound_ratio", "baseline_bound_ratio"):
+        row[col] = _worse("rel_l2", old.get(col), new.get(col))
+    if _STATUS_RANK.get(old.get("status"), 0) > _STATUS_RANK.get(new.get("status"), 0):
+        row["status"] = old.get("status")
+    seen = platforms_of(old)
+    row["platforms"] = PLATFORM_SEP.join(seen + [p for p in platforms_of(new) if p not in seen])
+    return row
 
 
 # Test-only hook: NUMCHECK_TEST_KILL_AT=<point> makes this process SIGKILL itself at that point

@@ -35,7 +35,8 @@ from .errors import NumcheckError, UsageError
 from .formats import round_to
 
 __all__ = [
-    "ALIGNED_SIZES", "DISTRIBUTIONS", "LAYOUTS", "RAGGED_SIZES", "case_id", "cast", "distributions",
+    "ALIGNED_SIZES", "BLOCK_SCALE_DISTRIBUTIONS", "DISTRIBUTIONS", "LAYOUTS", "RAGGED_SIZES",
+    "case_id", "cast", "distributions",
     "draw", "full_product", "pairwise", "register_profiles", "seed_for", "seeds", "shapes",
     "with_layout",
 ]
@@ -48,6 +49,12 @@ DISTRIBUTIONS: tuple[str, ...] = (
     "normal", "uniform", "lognormal", "student_t", "outlier_channels", "sparse", "zero_blocks",
     "constant_rows", "large_mean", "near_overflow", "subnormal", "wide_range",
 )
+# Grid classes of the block-scaled formats (MX, NVFP4, block FP8): draw() makes them like any
+# distribution, but they stay out of DISTRIBUTIONS, the input zoo that the hypothesis strategies
+# and the quant suite's round-trip paths sweep (numcheck.quant.rules holds a measured floor per
+# path for exactly that list). Both are the same tensor up to an exact power of two (their
+# pattern and values are drawn from one stream, whichever of the two is asked for).
+BLOCK_SCALE_DISTRIBUTIONS: tuple[str, ...] = ("blocks_tiny", "blocks_huge")
 
 # Student's t with 3 degrees of freedom: the heaviest tail that still has a finite variance.
 _T_DF = 3
@@ -70,6 +77,22 @@ _LARGE_MEAN, _LARGE_STD = 64.0, 0.125
 _NEAR_OVERFLOW_LO, _NEAR_OVERFLOW_HI = 1.0, 4.0
 # wide_range: |x| = 2^U(-20,20): 40 binades, more than fp16 holds (it has 30 normal binades).
 _WIDE_LO, _WIDE_HI = -20.0, 20.0
+# blocks_tiny / blocks_huge: zeroed tiles of the scaling groups' sizes, largest first (128 x 128:
+# block FP8 weights; 16 x 16: NVFP4 2-D), then zeroed and constant 32-element blocks along the
+# last dim (MX; two NVFP4 blocks; a quarter of a 1 x 128 FP8 block). A quarter of the tiles and
+# blocks still live at each step are zeroed (floor, so a tensor of fewer than 4 is left whole),
+# an eighth of the remaining fully live 32-blocks made constant.
+_SCALE_TILES = (128, 16)
+_CONST_FRACTION_DEN = 8
+# blocks_tiny puts the tensor's amax in the binade 2^(e_min + 5) of the storage format (e_min:
+# its smallest normal's exponent; fp32/bf16: [2^-121, 2^-120)): low enough that 2688 / amax
+# (NVFP4's encode scale), 448 / amax (FP8's) and MX's shared exponent floor(log2 amax) - 8
+# (e4m3) all leave fp32's / E8M0's range and clamp, and that the smaller elements are
+# subnormal in bf16 and fp32. blocks_huge puts it in 2^(e_max - 7) (e_max: the exponent of the
+# format's largest binade; fp32/bf16: [2^120, 2^121)), where x * scale and amax-derived
+# products of kernels come within a few binades of overflow.
+_TINY_ABOVE_MIN_NORMAL = 5
+_HUGE_BELOW_MAX = 7
 
 
 def seed_for(*parts: object) -> int:
@@ -97,9 +120,9 @@ def _check_shape(shape) -> tuple[int, ...]:
 
 
 def _check_dist(dist: str) -> None:
-    if dist not in DISTRIBUTIONS:
+    if dist not in DISTRIBUTIONS and dist not in BLOCK_SCALE_DISTRIBUTIONS:
         raise UsageError(f"dist={dist!r} is not a numcheck distribution; use one of "
-                         f"{', '.join(DISTRIBUTIONS)}")
+                         f"{', '.join(DISTRIBUTIONS + BLOCK_SCALE_DISTRIBUTIONS)}")
 
 
 def _normal(g: torch.Generator, shape: tuple[int, ...]) -> torch.Tensor:
@@ -154,12 +177,25 @@ def draw(dist: str, shape: tuple[int, ...], *, seed: int, fmt="fp32",
       largest subnormal, not min_normal, is the top so that RNE can never round up to a normal);
       UsageError for a format without subnormals (e8m0).
     * ``wide_range``: random sign * 2^U(-20, 20).
+    * ``blocks_tiny`` / ``blocks_huge`` (BLOCK_SCALE_DISTRIBUTIONS, for block-scaled formats):
+      N(0,1) over the last two dims (R x C; leading dims are separate matrices, a vector one
+      row) with floor(n/4) of the live aligned 128 x 128 tiles zeroed, then floor(n/4) of the
+      live 16 x 16 tiles, then floor(n/4) of the live 32-element blocks along the last dim
+      (edges partial; "live": not all zero yet), and floor(n/8) of the remaining wholly nonzero
+      32-blocks made constant (each its first value); then multiplied by the power of two that
+      puts max |x| in the binade 2^(e_min(fmt) + 5) (tiny; fp32/bf16: [2^-121, 2^-120)) or
+      2^(e_max(fmt) - 7) (huge; fp32/bf16: [2^120, 2^121)). The two are one tensor up to a power
+      of two. UsageError for an unsigned format.
 
     Shapes may have any rank (``()`` is a scalar), sides of 1 and 0 (an empty tensor).
     """
     _check_dist(dist)
     shape = _check_shape(shape)
     f = formats.get(fmt)
+    if dist in BLOCK_SCALE_DISTRIBUTIONS:
+        # One stream for both: blocks_tiny and blocks_huge differ by a power of two only.
+        g = torch.Generator(device="cpu").manual_seed(seed_for(seed, stream, "blocks"))
+        return _scaled_blocks(g, shape, f, huge=dist == "blocks_huge")
     g = torch.Generator(device="cpu").manual_seed(seed_for(seed, stream, dist))
 
     if dist == "normal":
@@ -224,6 +260,64 @@ def _zero_blocks(g: torch.Generator, shape: tuple[int, ...]) -> torch.Tensor:
     keep.view(-1)[dead_cells] = False
     mask = keep.repeat_interleave(_ZERO_BLOCK, dim=1)[:, :c]
     return torch.where(mask.reshape(shape), x, 0.0)
+
+
+def _kill_some(g: torch.Generator, dead: torch.Tensor, live: torch.Tensor) -> None:
+    """Set floor(n/4) of the n True entries of ``live`` (picked from g) True in ``dead``."""
+    idx = torch.nonzero(live.flatten()).flatten()
+    pick = idx[torch.randperm(idx.numel(), generator=g)[: idx.numel() // _ZERO_FRACTION_DEN]]
+    dead.view(-1)[pick] = True
+
+
+def _scaled_blocks(g: torch.Generator, shape: tuple[int, ...], f: formats.Format,
+                   huge: bool) -> torch.Tensor:
+    if not f.signed:
+        raise UsageError(f"dist='blocks_{'huge' if huge else 'tiny'}': format {f.name} is "
+                         "unsigned; the blocks hold N(0,1) values of both signs")
+    x = _normal(g, shape)
+    if x.numel() == 0:
+        return x
+    r = shape[-2] if len(shape) >= 2 else 1
+    c = shape[-1] if shape else 1
+    m = x.reshape(-1, r, c)  # a view: x is contiguous
+    zero = torch.zeros(m.shape, dtype=torch.bool)
+    for t in _SCALE_TILES:
+        nr, nc = -(-r // t), -(-c // t)
+        pad = torch.nn.functional.pad(zero, (0, nc * t - c, 0, nr * t - r), value=True)
+        tiles = pad.reshape(-1, nr, t, nc, t)
+        dead = torch.zeros(tiles.shape[0], nr, nc, dtype=torch.bool)
+        _kill_some(g, dead, ~tiles.all(dim=(2, 4)))
+        grow = dead.repeat_interleave(t, 1).repeat_interleave(t, 2)[:, :r, :c]
+        zero |= grow
+    nb = -(-c // _ZERO_BLOCK)
+    pad = torch.nn.functional.pad(zero.reshape(-1, c), (0, nb * _ZERO_BLOCK - c), value=True)
+    blocks = pad.reshape(-1, nb, _ZERO_BLOCK)
+    dead = torch.zeros(blocks.shape[0], nb, dtype=torch.bool)
+    _kill_some(g, dead, ~blocks.all(-1))
+    zero |= dead.repeat_interleave(_ZERO_BLOCK, 1)[:, :c].reshape(m.shape)
+    # Constant blocks: among the wholly nonzero full 32-blocks, an eighth (floor).
+    full = c // _ZERO_BLOCK
+    rows = torch.where(zero, 0.0, m).reshape(-1, c)
+    if full:
+        body = rows[:, : full * _ZERO_BLOCK].reshape(-1, full, _ZERO_BLOCK).clone()
+        whole = ~(body == 0).any(-1)
+        idx = torch.nonzero(whole.flatten()).flatten()
+        pick = idx[torch.randperm(idx.numel(), generator=g)[: idx.numel() // _CONST_FRACTION_DEN]]
+        flat = body.reshape(-1, _ZERO_BLOCK)
+        flat[pick] = flat[pick, :1].expand(-1, _ZERO_BLOCK)
+        rows[:, : full * _ZERO_BLOCK] = flat.reshape(rows.shape[0], -1)
+    out = rows.reshape(shape)
+    amax = out.abs().amax()
+    if amax == 0:
+        return out
+    # floor(log2 v) = frexp's exponent - 1; the scale 2^k is exact, and so is the product (for
+    # every format but fp64, whose tiny binade reaches float64's own subnormals).
+    if huge:
+        target = math.frexp(f.max)[1] - 1 - _HUGE_BELOW_MAX
+    else:
+        target = math.frexp(f.min_normal)[1] - 1 + _TINY_ABOVE_MIN_NORMAL
+    k = target - (math.frexp(float(amax))[1] - 1)
+    return out * 2.0 ** k
 
 
 # ----------------------------------------------------------------------------------------------

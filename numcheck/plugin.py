@@ -148,6 +148,10 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 @pytest.fixture(scope="session")
 def _numcheck_golden_session(pytestconfig: pytest.Config):
+    from .compiled import isolate_inductor_cache
+    # Before any kernel of a numcheck test compiles (a user's own torch.compile included):
+    # inductor's cache per CPU capability (numcheck.compiled). Only sessions using numcheck.
+    isolate_inductor_cache()
     return _session(pytestconfig)
 
 
@@ -212,6 +216,9 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
         session.exitstatus = pytest.ExitCode.TESTS_FAILED
 
 
+_DRIFT_LINES = 5
+
+
 def pytest_terminal_summary(terminalreporter, exitstatus: int, config: pytest.Config) -> None:
     run = config.stash[_KEY]
     if not run.status and not run.golden_error:
@@ -225,8 +232,8 @@ def pytest_terminal_summary(terminalreporter, exitstatus: int, config: pytest.Co
                   f"(docs/findings.md), {s['skipped']} skipped")
     if g:
         tr.write_line("golden: " + ", ".join(f"{g[k]} {k}" for k in
-                                             ("same", "regressed", "improved", "new", "missing",
-                                              "inputs_changed") if g[k]))
+                                             ("same", "regressed", "drift", "improved", "new",
+                                              "missing", "inputs_changed") if g[k]))
     for op in sorted(run.by_op):
         c = run.by_op[op]
         tr.write_line(f"  {op:16} {c['passed']:5} passed {c['failed'] + c['error']:4} failed "
@@ -238,6 +245,12 @@ def pytest_terminal_summary(terminalreporter, exitstatus: int, config: pytest.Co
                         Golden.IMPROVED):
             tr.write_line(f"  {r.golden.value:>14} {r.label}: {r.golden_reason}",
                           red=r.golden != Golden.IMPROVED)
+    drift = [r for r in run.records if r.golden == Golden.DRIFT]
+    for r in drift[:_DRIFT_LINES]:  # not failing: the first few say what moved, and where
+        tr.write_line(f"  {'drift':>14} {r.label}: {r.golden_reason}")
+    if len(drift) > _DRIFT_LINES:
+        tr.write_line(f"  {'':14} ... and {len(drift) - _DRIFT_LINES} more drift rows "
+                      f"(numcheck report)")
     for line in run.finish_lines:
         tr.write_line(f"  {line}")
     for op in run.idle:

@@ -48,6 +48,9 @@ class Golden(str, Enum):
     SAME = "same"
     IMPROVED = "improved"
     REGRESSED = "regressed"
+    # beyond the golden's envelope by more than one platform's slack, within the slack for a
+    # platform the golden was not recorded on: reported, never failing
+    DRIFT = "drift"
     NEW = "new"  # no golden row (check mode: passes)
     MISSING = "missing"  # no golden row in strict mode
     INPUTS_CHANGED = "inputs_changed"  # the case's inputs differ from the golden's
@@ -116,14 +119,21 @@ class Record:
     series: list[float] | None = _golden(default=None)  # convergence: paired loss difference
     series_band: list[float] | None = _golden(default=None)
     metrics: dict[str, float] | None = _golden(default=None)  # family-specific scalars
+    # The platforms (numcheck.golden.platform_of) a golden row's values were seen on; its
+    # statistics are the worst of them (the envelope). A record: the platform it ran on.
+    platforms: str = _golden(default="")
     # -- the rest of the verdict's inputs (results only)
     family: str = "ops"  # whose rules judge it: "ops" (also users' ops), "quant", "convergence"
     cond: float = 1.0  # ||scale|| / ||ref|| (rule 5 floors on cancelling results)
     reduction_len: float = 0.0
+    # error over the condition-aware bound (numcheck.conditioning); None: not measured (it is
+    # measured where the baseline or componentwise rule fails)
+    cond_ratio: float | None = None
     findings: tuple[str, ...] = ()  # rule messages computed where the data lives (curves)
     known: str = ""  # the kernel's documented weakness that covers this case, if any
     # -- verdicts and diagnostics
     reason: str = ""
+    notes: str = ""  # rules a stable kernel exceeded within its condition-aware bound
     golden: Golden | None = None
     golden_reason: str = ""
     device: str = ""

@@ -40,6 +40,12 @@ class OpSpec:
     # Length of the reduction behind each output element (D for norms, K for GEMM), for
     # Policy.bound_per_len.
     reduction_len: Callable[[Case], float] | None = None
+    # Terms summed per output element (in the compute precision; the longest chain where there
+    # are several), for the condition-aware bound's gamma_n (numcheck.conditioning). None: 0.
+    sum_len: Callable[[Case], float] | None = None
+    # What intermediate roundings of a stable algorithm move each output by, per unit roundoff,
+    # beyond what perturbing the inputs does (float64, from the exact inputs; None: nothing).
+    cond_scale: Callable[..., torch.Tensor] | None = None
     # Gradients not judged in a case, with the reason in the op's doc (an exactly-zero
     # reference gradient, where no relative rule applies).
     skip_grads: Callable[[Case], tuple[str, ...]] | None = None

@@ -56,7 +56,7 @@ def verification_table(v: "Verification") -> str:
 # --- goldens and results ------------------------------------------------------------------------
 
 _ORDER = {"regressed": 0, "missing": 1, "inputs_changed": 2, "removed": 3, "new": 4,
-          "improved": 5, "same": 6}
+          "drift": 5, "merged": 6, "improved": 7, "same": 8}
 
 
 def change_table(changes: list, *, show_same: bool = False) -> str:
@@ -100,12 +100,12 @@ def markdown_report(records: list[Record], provenance: dict, *, worst_per_op: in
            f"({provenance.get('device_name', '?')}, {provenance.get('cpu_isa', '')}), "
            f"numcheck {provenance.get('numcheck', '?')}, torch {provenance.get('torch', '?')}, "
            f"{provenance.get('date', '')}", "",
-           "| passed | failed | kernel errors | known | skipped | golden regressed | improved | "
-           "new | missing | inputs changed |",
-           "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+           "| passed | failed | kernel errors | known | skipped | golden regressed | "
+           "drift (other platform) | improved | new | missing | inputs changed |",
+           "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
            f"| {status['passed']} | {status['failed']} | {status['error']} | {status['known']} | "
-           f"{status['skipped']} | {gold['regressed']} | {gold['improved']} | {gold['new']} | "
-           f"{gold['missing']} | {gold['inputs_changed']} |", ""]
+           f"{status['skipped']} | {gold['regressed']} | {gold['drift']} | {gold['improved']} | "
+           f"{gold['new']} | {gold['missing']} | {gold['inputs_changed']} |", ""]
     bad = [r for r in records if failing(r, mode)]
     if bad:
         out += ["### Failures and regressions", ""]

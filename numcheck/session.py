@@ -69,6 +69,20 @@ class GoldenSession:
         self.prune = prune
         self.case_set = case_set
         self._files: dict[Path, golden.GoldenFile] = {}
+        self._platforms: dict[str, str] = {}
+
+    def platform(self, device: str) -> str:
+        """This machine's platform id for ``device`` (numcheck.golden.platform_of)."""
+        if device not in self._platforms:
+            from . import environment  # imports torch: only where records are produced
+            self._platforms[device] = golden.platform_of(environment.provenance(device))
+        return self._platforms[device]
+
+    def _row(self, r: Record) -> dict:
+        r.case_set = r.case_set or self.case_set
+        if not r.platforms:
+            r.platforms = self.platform(r.device or "cpu")
+        return golden.to_row(r)
 
     def file(self, device_class: str, suite: str) -> golden.GoldenFile:
         path = golden.path_for(self.dir, device_class, suite)
@@ -82,8 +96,7 @@ class GoldenSession:
         for r in records:
             if not goldenable(r):
                 continue
-            r.case_set = r.case_set or self.case_set
-            row = golden.to_row(r)
+            row = self._row(r)
             gf = self.file(row["device_class"], row["suite"])
             ch = compare_row(gf.rows.get(golden.key_of(row)), row, r.family)
             if ch.kind == "new" and self.mode == "strict":
@@ -103,8 +116,7 @@ class GoldenSession:
         for r in records:
             if not r.suite or r.status == Status.SKIPPED:
                 continue
-            r.case_set = r.case_set or self.case_set
-            row = golden.to_row(r)
+            row = self._row(r)
             path = golden.path_for(self.dir, row["device_class"], row["suite"])
             ran_pairs[path].add((row["op"], row["kernel"]))
             if goldenable(r):
@@ -119,13 +131,13 @@ class GoldenSession:
                             and row.get("case_set") in (None, self.case_set))
             if unused:
                 rep.unused[path] = unused
-            for k in ("cpu_isa", "torch_cpu_isa"):
-                if gf.exists and gf.provenance.get(k) and \
-                        gf.provenance.get(k) != provenance.get(k):
-                    rep.isa_notes.append(f"{path}: golden recorded with {k} "
-                                         f"{gf.provenance[k]}, this run {provenance.get(k)} "
-                                         f"(the slack absorbs rounding differences; see "
-                                         f"docs/goldens.md)")
+            here = golden.platform_of(provenance)
+            seen = sorted({p for row in gf.rows.values() for p in golden.platforms_of(row)})
+            if gf.exists and seen and here not in seen:
+                rep.isa_notes.append(
+                    f"{path}: goldens recorded on {' | '.join(seen)}; this machine is {here} "
+                    f"({golden.platform_difference(seen[0], here)}): differences within the "
+                    f"cross-platform slack are reported as drift (docs/goldens.md)")
             if self.mode == "strict":
                 continue
             rows = dict(gf.rows)
@@ -141,9 +153,15 @@ class GoldenSession:
                                            f"keeps its old row (allow with "
                                            f"--numcheck-refresh-allow-nonfinite)")
                         continue
+                    ch = compare_row(old, row, families.get(k, "ops"))
+                    if _merges(old, row):  # another platform: widen the envelope
+                        row = golden.merge_envelope(old, row)
+                        ch.messages.append(f"merged into the envelope of "
+                                           f"{golden.platforms_of(old)}")
+                        ch.kind = "merged" if ch.kind in ("same", "drift", "improved") \
+                            else ch.kind
                     rows[k] = row
                     touched = True
-                    ch = compare_row(old, row, families.get(k, "ops"))
                     if old is None or not golden.rows_equal(old, row):
                         rep.changes.append(ch)
             if self.prune and unused:
@@ -155,6 +173,17 @@ class GoldenSession:
             if touched:
                 (rep.written if golden.write(gf, rows, provenance) else rep.unchanged).append(path)
         return rep
+
+
+def _merges(old: dict | None, new: dict) -> bool:
+    """Does a refresh merge ``new`` into ``old``'s envelope instead of replacing it? When the
+    golden holds another platform's values for the same inputs (curves: always replaced, their
+    band is the convergence rule's own envelope)."""
+    if old is None or new.get("series") is not None:
+        return False
+    if old.get("input_digest") != new.get("input_digest"):
+        return False
+    return bool(set(golden.platforms_of(old)) - set(golden.platforms_of(new)))
 
 
 def _new_nonfinite(row: dict, old: dict | None) -> str:

@@ -135,6 +135,14 @@ def _tile_sums(x: torch.Tensor, tr: int, tc: int) -> torch.Tensor:
     return x.reshape((rows + pr) // tr, tr, (cols + pc) // tc, tc).sum(dim=(1, 3)).flatten()
 
 
+def block_sums(x: torch.Tensor, blocks=None) -> torch.Tensor:
+    """Sums of ``x`` over the blocks ``error_stats`` uses (``blocks`` as there), flat and in
+    the same row-major order as ``ErrorStats.worst_block``."""
+    b, r, c, tr, tc = _grid(x.shape, blocks)
+    x3 = x.reshape(b, r, c)
+    return torch.cat([_tile_sums(x3[i], tr, tc) for i in range(b)]) if b else x.new_zeros(0)
+
+
 def _out_ordinal(o: torch.Tensor, o64: torch.Tensor, f: formats.Format) -> torch.Tensor:
     """Signed ordinal of out's values; straight from the bits when out is stored in fmt itself."""
     if f.torch is o.dtype and o.dtype in _INT_VIEW:

@@ -227,7 +227,7 @@ def sdpa_online(q, k, v, attn_mask=None, is_causal=False, scale=None, *, block=3
     allowed = allowed.expand(*q.shape[:-1], skv)
     m = torch.full((*q.shape[:-1], 1), -math.inf, device=q.device)
     l = torch.zeros_like(m)
-    acc = torch.zeros(q.shape, device=q.device)
+    acc = torch.zeros((*q.shape[:-1], v.shape[-1]), device=q.device)  # MLA: v's head dim
     for j in range(0, skv, block):
         logits = (q @ k[..., j:j + block, :].transpose(-2, -1)) * sc
         logits = logits.masked_fill(~allowed[..., j:j + block], -math.inf)

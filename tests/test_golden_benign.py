@@ -1,4 +1,5 @@
-"""Both sides of the golden slack on real kernels, against the shipped goldens (golden/cpu).
+"""Both sides of the golden slack on real kernels, against goldens of the eager kernels
+recorded on this machine (the same-platform gate: docs/golden-slack-calibration.md).
 
 Benign rewrites of the eager kernels (another fp32 summation order, blocked and split-K GEMM,
 online softmax, Welford) run under the eager kernel's name and must not regress against its
@@ -13,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from numcheck import golden
+from numcheck.catalog import kernels
 from numcheck.registry import Kernel
 from numcheck.run import verify
 from numcheck.variants import (ln_welford, matmul_blocked_fp32, matmul_partials_in_dtype,
@@ -20,16 +22,28 @@ from numcheck.variants import (ln_welford, matmul_blocked_fp32, matmul_partials_
                                rms_reversed_fp32_sum, softmax_blocked_sum, softmax_online,
                                softmax_recip_in_dtype)
 
-GOLDEN = Path(__file__).resolve().parent.parent / "golden"
-pytestmark = pytest.mark.skipif(not (GOLDEN / "cpu" / "ops.parquet").exists(),
-                                reason="no shipped cpu goldens (numcheck refresh --suite ops)")
+OPS = ("rms_norm", "layer_norm", "softmax", "matmul")
 
 
-def _golden_verdicts(op, fn):
+@pytest.fixture(scope="module")
+def golden_dir(tmp_path_factory) -> Path:
+    """Goldens of the eager kernels (forward), recorded here: a golden from another platform
+    would test the cross-platform slack instead (tests/test_golden_platforms.py)."""
+    root = tmp_path_factory.mktemp("golden")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        for op in OPS:
+            fn = kernels(op)["torch"].fn
+            verify(op, Kernel(op, "torch", fn, forward_only=True), device="cpu",
+                   golden_dir=root, suite="ops", refresh=True)
+    return root
+
+
+def _golden_verdicts(root, op, fn):
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         v = verify(op, Kernel(op, "torch", fn, forward_only=True), device="cpu",
-                   golden_dir=GOLDEN, suite="ops")
+                   golden_dir=root, suite="ops")
     return [r for r in v.records if r.status != "skipped"]
 
 
@@ -39,8 +53,8 @@ def _golden_verdicts(op, fn):
     ("matmul", matmul_blocked_fp32), ("matmul", matmul_split_k_reversed),
 ], ids=["rms_reversed_sum", "ln_welford", "softmax_online", "softmax_blocked", "gemm_blocked",
         "gemm_split_k"])
-def test_benign_rewrite_passes_the_old_golden(op, fn):
-    rows = _golden_verdicts(op, fn)
+def test_benign_rewrite_passes_the_old_golden(golden_dir, op, fn):
+    rows = _golden_verdicts(golden_dir, op, fn)
     assert rows and all(r.golden in ("same", "improved") for r in rows), [
         (r.case_id, r.golden, r.golden_reason) for r in rows
         if r.golden not in ("same", "improved")]
@@ -50,9 +64,9 @@ def test_benign_rewrite_passes_the_old_golden(op, fn):
     ("rms_norm", rms_extra_rounding), ("softmax", softmax_recip_in_dtype),
     ("matmul", matmul_partials_in_dtype),
 ], ids=["rms_extra_rounding", "softmax_recip_rounded", "gemm_partials_rounded"])
-def test_a_lost_fraction_of_a_bit_regresses(op, fn):
-    rows = _golden_verdicts(op, fn)
-    gold = golden.read(golden.path_for(GOLDEN, "cpu", "ops")).rows
+def test_a_lost_fraction_of_a_bit_regresses(golden_dir, op, fn):
+    rows = _golden_verdicts(golden_dir, op, fn)
+    gold = golden.read(golden.path_for(golden_dir, "cpu", "ops")).rows
     claimed, regressed = [], []
     for r in rows:
         g = gold[golden.key_of(golden.to_row(r))]

@@ -106,7 +106,7 @@ def test_cli_show_compare_report(tmp_path, capsys):
                                                _record("c")), {})
     assert main(["show", str(old)]) == 0
     out = capsys.readouterr().out
-    assert "rms_norm/torch/a/out" in out and "schema 1" in out
+    assert "rms_norm/torch/a/out" in out and f"schema {golden.SCHEMA_VERSION}" in out
     assert main(["compare", str(old), str(new)]) == 1
     out = capsys.readouterr().out.splitlines()
     assert out[0] == "1 regressed, 1 removed, 1 new, 1 same"

@@ -475,3 +475,64 @@ def test_strategy_arguments_are_checked():
         distributions(exclude=DISTRIBUTIONS)
     assert set(RAGGED_SIZES).isdisjoint(ALIGNED_SIZES)
     assert json.dumps(inputs.__all__)  # the public names are plain strings
+
+
+# ---------------------------------------------------------------------------------------------
+# blocks_tiny / blocks_huge (grid classes of the block-scaled formats; issue 12)
+
+BLOCK_DISTS = inputs.BLOCK_SCALE_DISTRIBUTIONS
+
+
+def test_block_scale_distributions_stay_out_of_the_zoo():
+    """draw() makes them; DISTRIBUTIONS (hypothesis, the quant round-trip floors) is unchanged."""
+    assert set(BLOCK_DISTS) == {"blocks_tiny", "blocks_huge"}
+    assert set(BLOCK_DISTS).isdisjoint(DISTRIBUTIONS)
+    assert len(DISTRIBUTIONS) == 12 and DISTRIBUTIONS[-1] == "wide_range"
+
+
+@pytest.mark.parametrize("dist", BLOCK_DISTS)
+@pytest.mark.parametrize("shape", [(), (0,), (1,), (3, 0, 5), (1, 1), (2, 3, 33), (1, 1, 1, 65)])
+def test_block_dists_any_shape_and_deterministic(dist, shape):
+    x = draw(dist, shape, seed=0, fmt="bf16")
+    assert x.shape == shape and x.dtype == torch.float64 and x.is_contiguous()
+    assert bool(torch.isfinite(x).all())
+    assert torch.equal(x, draw(dist, shape, seed=0, fmt="bf16"))
+    if x.numel() > 1:
+        assert not torch.equal(x, draw(dist, shape, seed=1, fmt="bf16"))
+
+
+@pytest.mark.parametrize("fmt, tiny, huge", [("fp32", -121, 120), ("bf16", -121, 120),
+                                             ("fp16", -9, 8)])
+def test_block_dists_put_the_amax_in_their_binade(fmt, tiny, huge):
+    for shape in [(4, 390), (130, 257), (16, 1024), (2, 3, 96), (7,)]:
+        t = draw("blocks_tiny", shape, seed=3, fmt=fmt, stream="x")
+        h = draw("blocks_huge", shape, seed=3, fmt=fmt, stream="x")
+        assert 2.0 ** tiny <= float(t.abs().max()) < 2.0 ** (tiny + 1)
+        assert 2.0 ** huge <= float(h.abs().max()) < 2.0 ** (huge + 1)
+        assert torch.equal(t * 2.0 ** (huge - tiny), h)  # one tensor, two exact global scales
+        for x in (t, h):  # finite and never all zero after the cast
+            stored = cast(x, fmt)[1]
+            assert bool(torch.isfinite(stored).all()) and bool((stored != 0).any())
+
+
+def test_block_dists_zero_tiles_blocks_and_constant_blocks():
+    x = draw("blocks_huge", (2, 260, 384), seed=1, fmt="fp32")  # 3 x 3 tiles of 128 per matrix
+    z = x == 0
+    t128 = torch.nn.functional.pad(z, (0, 0, 0, 124), value=True).reshape(2, 3, 128, 3, 128)
+    assert int(t128.all(dim=(2, 4)).sum()) >= 18 // 4  # whole 128 x 128 tiles (edges partial)
+    t16 = z[:, :256].reshape(2, 16, 16, 24, 16)
+    assert int(t16.all(dim=(2, 4)).sum()) > int(t128.all(dim=(2, 4)).sum()) * 64  # and 16 x 16
+    b32 = x.reshape(2, 260, 12, 32)
+    zero32 = (b32 == 0).all(-1)
+    const32 = (b32 == b32[..., :1]).all(-1) & ~zero32
+    live = ~(b32 == 0).any(-1)
+    assert int(zero32.sum()) > 0 and int(const32.sum()) >= int(live.sum()) // 9
+    one = draw("blocks_tiny", (1, 4096), seed=0, fmt="bf16")  # a vector: 1 x 128 groups zero
+    assert int((one.view(32, 128) == 0).all(-1).sum()) == 32 // 4
+
+
+def test_block_dists_reject_unsigned_formats():
+    with pytest.raises(UsageError, match="unsigned"):
+        draw("blocks_tiny", (4, 32), seed=0, fmt="e8m0")
+    with pytest.raises(UsageError, match="blocks_huge"):
+        draw("gauss", (4, 32), seed=0)

@@ -20,6 +20,8 @@ from numcheck.variants import sdpa_math_fp32 as math_backend_in_fp32
 from numcheck.variants import sdpa_online as online_softmax
 from numcheck.variants import sdpa_reversed_keys as reversed_key_order
 
+from _support import Finding, amd, intel_amx
+
 pytestmark = pytest.mark.filterwarnings("ignore:Mismatch dtype")
 
 
@@ -124,27 +126,47 @@ def test_torch_kernels_pass_quick(name):
     assert v.executed == len(get_op("sdpa").grid("quick"))
 
 
+# The CPU flash fp32 backward's scale folding (module doc of numcheck.ops.attention) depends on
+# the machine: its GEMMs are MKL's, which picks kernels by CPU vendor and ISA (ATEN_CPU_CAPABILITY
+# and MKL_ENABLE_INSTRUCTIONS change nothing: 7.97x under avx2, default and MKL's SSE4_2/AVX/AVX2
+# on an AVX2-only AMD EPYC).
+FLASH_FOLDING = Finding(  # grad_v 7.97x (AVX2-only EPYC), 8-9x (EPYC with AVX512-BF16)
+    "CPU flash fp32 grad_v >4x the naive error at a non-power-of-two scale",
+    {"torch": ("2.13",)}, "AMD EPYC (AVX2, AVX512-BF16), torch's MKL build", amd)
+FLASH_NO_FOLDING = Finding(  # 1.29x on a fresh clone (issue 12)
+    "CPU flash fp32 grad_v within 2x the naive error at any scale",
+    {"torch": ("2.13",)}, "Intel Xeon with AMX, torch's MKL build", intel_amx)
+
+
 def test_cpu_flash_passes_quick_with_its_fp32_backward_finding_declared():
     """CPU flash attention (_scaled_dot_product_flash_attention_for_cpu) passes every quick
-    case; the grad_v of its fp32 large_logits case fails the 4x gradient rule and is reported
-    as "known" (P recomputed from an fp32 logsumexp; module doc). Pinned both ways: a new
-    failure fails here, and so does the finding going away."""
+    case on any CPU; only the declared corner (fp32 large_logits gradients) may be "known"
+    (P recomputed from an fp32 logsumexp; module doc). Where measured, pinned both ways: on AMD
+    its grad_v is known (the finding going away fails here), on Intel with AMX nothing is."""
     v = verify("sdpa", kernels("sdpa")["sdpa_flash"], device="cpu")
     assert v.passed, v.summary()
-    assert v.executed == len(get_op("sdpa").grid("quick"))
+    # MLA cases (v's head dim != q's) skip: torch's flash takes one head dim for q, k, v.
+    quick = get_op("sdpa").grid("quick")
+    assert v.executed == sum(c.param("dv") is None for c in quick)
+    assert all("same last dimension" in r.reason for r in v.records if r.status == "skipped")
     known = [r for r in v.records if r.status == "known"]
-    assert known and all(r.dtype == "fp32" and r.dist == "large_logits"
-                         and r.output == "grad_v" and "baseline" in r.reason
-                         for r in known), v.summary()
-    assert all(r.status == "passed" for r in v.records if r.output == "out")
+    assert all(r.dtype == "fp32" and r.dist == "large_logits" and r.output.startswith("grad_")
+               and "baseline" in r.reason for r in known), v.summary()
+    assert all(r.status == "passed" for r in v.records
+               if r.output == "out" and r.status != "skipped")
+    FLASH_FOLDING.expect(any(r.output == "grad_v" for r in known),
+                         "the fp32 large_logits grad_v fails the 4x rule (status known)")
+    FLASH_NO_FOLDING.expect(not known, "no gradient fails the 4x rule")
 
 
 def test_flash_backward_finding_is_the_scale_folding():
-    """Which side is right: on the flagged case's own inputs, CPU flash's fp32 grad_v is > 4x
-    the naive composition's error with the default scale 1/sqrt(80), and back within 2x with a
-    power-of-two scale (1/8), where folding the scale into the backward GEMM rounds exactly like
-    the forward's multiply. The reference is not at stake: it is float64 autograd through the
-    definition (gradcheck'd above) and the naive fp32 composition agrees with it 8x better."""
+    """Which side is right: on the flagged case's own inputs, CPU flash's fp32 grad_v error
+    against the naive composition's, with the default scale 1/sqrt(80) and a power-of-two scale
+    (1/8), where folding the scale into the backward GEMM rounds exactly like the forward's
+    multiply. On any CPU: within 2x at 1/8, and below 16x at 1/sqrt(80) (the finding's worst
+    is 12x). Where measured: > 4x at 1/sqrt(80) on AMD (7.97x), < 2x on Intel with AMX (1.29x).
+    The reference is not at stake: it is float64 autograd through the definition (gradcheck'd
+    above) and the naive fp32 composition agrees with it 8x better than flash on AMD."""
     case = next(c for c in get_op("sdpa").grid("quick")  # the quick case flagged "known"
                 if c.dtype == "fp32" and c.dist == "large_logits" and c.param("causal"))
     assert case.shape[-1] == 80
@@ -168,8 +190,11 @@ def test_flash_backward_finding_is_the_scale_folding():
             return float((a - ref).norm() / ref.norm())
         ratios[scale] = rel(grad_v(flash, dev, g, scale)) / rel(grad_v(sdpa_baseline, dev, g,
                                                                         scale))
-    assert ratios[1 / math.sqrt(80)] > 4, ratios
-    assert ratios[0.125] < 2, ratios
+    folded, exact = ratios[1 / math.sqrt(80)], ratios[0.125]
+    assert exact < 2, ratios  # any CPU: a power-of-two scale folds exactly
+    assert folded < 16, ratios  # any CPU: the weakness is bounded
+    FLASH_FOLDING.expect(folded > 4, f"grad_v ratio {folded:.2f} at scale 1/sqrt(80)")
+    FLASH_NO_FOLDING.expect(folded < 2, f"grad_v ratio {folded:.2f} at scale 1/sqrt(80)")
 
 
 @pytest.mark.slow
@@ -356,3 +381,85 @@ def test_planted_fault_is_caught(fault, expect, where, exact):
 def test_benign_variant_passes(fn):
     v = verify("sdpa", fn, device="cpu")
     assert v.passed, v.summary()
+
+
+# ---- MLA: v's head dim differs from q's and k's (issue 12) ----------------------------------
+
+@pytest.mark.parametrize("s, skv, causal, masked", [(5, 5, True, False), (4, 6, False, True),
+                                                    (3, 7, False, False)])
+def test_reference_with_other_v_head_dim_matches_torch_math_in_float64(s, skv, causal, masked):
+    """D = 12 for q and k, 8 for v (MLA's 192 / 128 in small), GQA 3:1; the default scale is
+    1/sqrt(12) (q's head dim), as torch's."""
+    q, k, v = _t(2, 6, s, 12, seed=1), _t(2, 2, skv, 12, seed=2), _t(2, 2, skv, 8, seed=3)
+    m = _mask_with_empty_row(2, s, skv) if masked else None
+    with sdpa_kernel([SDPBackend.MATH]):
+        want = F.scaled_dot_product_attention(q, k, v, attn_mask=m, is_causal=causal,
+                                              enable_gqa=True)
+    assert want.shape == (2, 6, s, 8)
+    torch.testing.assert_close(sdpa_reference(q, k, v, attn_mask=m, is_causal=causal), want,
+                               rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(sdpa_baseline(q, k, v, attn_mask=m, is_causal=causal), want,
+                               rtol=1e-12, atol=1e-12)
+
+
+def test_reference_gradcheck_with_other_v_head_dim():
+    q, k, v = (_t(1, 4, 3, 5, seed=1).requires_grad_(), _t(1, 2, 4, 5, seed=2).requires_grad_(),
+               _t(1, 2, 4, 3, seed=3).requires_grad_())
+    m = _mask_with_empty_row(1, 3, 4)
+    assert torch.autograd.gradcheck(lambda q, k, v: sdpa_reference(q, k, v, attn_mask=m),
+                                    (q, k, v))
+
+
+def test_grid_has_mla_cases_and_keeps_every_old_case_first():
+    spec = get_op("sdpa")
+    for cs in ("quick", "full"):
+        cases = spec.grid(cs)
+        mla = [c for c in cases if c.param("dv") is not None]
+        # MLA rows come after the pairwise design, so the design's ids and order are unchanged.
+        first = next(i for i, c in enumerate(cases) if c.param("dv") is not None)
+        assert all(c.param("dv") is None for c in cases[:first])
+        assert {(c.shape[-1], c.param("dv")) for c in mla} == {(192, 128), (576, 512)}
+        assert any(c.shape[1] == c.shape[2] for c in mla)  # MLA prefill: as many kv heads
+        assert any(c.shape[2] == 1 and c.shape[3] == 1 for c in mla)  # absorbed decode: MQA
+        assert any(c.param("mask") == "fully_masked_rows" for c in mla)
+        assert all(c.id.endswith(f"-{c.param('dv')}") for c in mla)
+    quick = spec.grid("quick")
+    assert sum(c.param("dv") is not None for c in quick) <= 4  # the quick budget
+    assert all(c.shape[3] <= 33 for c in quick if c.param("dv") is not None)
+    full = [c for c in spec.grid("full") if c.param("dv") is None]
+    assert any(c.shape[1] == 8 * c.shape[2] for c in full)  # GQA 8:1, MLA aside (full only)
+
+
+def test_mla_inputs_shapes():
+    spec = get_op("sdpa")
+    for case in (c for c in spec.grid("quick") if c.param("dv") is not None):
+        b, h, hkv, s, skv, d = case.shape
+        tensors, kw = spec.make_inputs(case)
+        assert tensors["q"][0].shape == (b, h, s, d)
+        assert tensors["k"][0].shape == (b, hkv, skv, d)
+        assert tensors["v"][0].shape == (b, hkv, skv, case.param("dv"))
+        if case.dist == "large_logits":  # the logit target uses q's head dim for the scale
+            q, k = tensors["q"][0], tensors["k"][0]
+            logits = q @ k.repeat_interleave(h // hkv, 1).transpose(-2, -1) / math.sqrt(d)
+            assert abs(float(logits.abs().max()) - att.LOGIT_MAX) < 1e-9
+
+
+def test_mla_cases_skip_flash_with_the_reason_and_run_elsewhere():
+    case = next(c for c in get_op("sdpa").grid("quick") if c.param("dv") is not None)
+    reason = kernels("sdpa")["sdpa_flash"].skip_reason(case, "cpu")
+    assert reason and "same last dimension" in reason
+    assert kernels("sdpa")["sdpa_math"].skip_reason(case, "cpu") is None
+    assert kernels("sdpa")["flex_attention"].skip_reason(case, "cpu") is None
+    # Without the skip, torch's CPU flash refuses the case (what the reason says).
+    q, k, v = torch.zeros(1, 2, 3, 12), torch.zeros(1, 2, 3, 12), torch.zeros(1, 2, 3, 8)
+    with sdpa_kernel([SDPBackend.FLASH_ATTENTION]), warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        with pytest.raises(RuntimeError):
+            F.scaled_dot_product_attention(q, k, v)
+
+
+def test_mla_quick_cases_pass_on_math_and_flex():
+    ids = [c.id for c in get_op("sdpa").grid("quick") if c.param("dv") is not None]
+    for name in ("sdpa_math", "flex_attention"):
+        v = verify("sdpa", kernels("sdpa")[name], device="cpu", case_ids=ids)
+        assert v.passed and v.executed == len(ids), v.summary()

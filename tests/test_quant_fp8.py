@@ -9,7 +9,7 @@ import pytest
 import torch
 
 import numcheck as nc
-from numcheck import inputs
+from numcheck import formats, inputs
 from numcheck.errors import UsageError
 from numcheck.quant import DelayedScaling, fp8_qdq, fp8_quantize
 from numcheck.ops import quant as OQ
@@ -306,3 +306,42 @@ def test_torch_kernel_verifies_through_nc_verify():
     for c in cases:
         recs = run_case(spec, as_kernel("fp8_qdq", OQ.torch_fp8_qdq), c, "cpu")
         assert recs[0].status == "passed", recs[0].reason
+
+
+# ---- grid classes added for issue 12 --------------------------------------------------------------
+
+def _new_fp8_cases(cs="quick"):
+    from numcheck.catalog import get_op
+    return [c for c in get_op("fp8_qdq").grid(cs)
+            if c.dist.startswith("blocks_") or c.shape in ((8, 200), (4, 390), (2, 1000),
+                                                           (390, 5))]
+
+
+def test_grid_has_long_ragged_rows_and_blocks_under_tiny_and_huge_amax():
+    cases = _new_fp8_cases()
+    rows = [c for c in cases if c.param("granularity") == "row"]
+    lengths = {c.shape[c.param("dim")] for c in rows}
+    assert all(n > 128 and n & (n - 1) for n in lengths) and len(lengths) >= 3
+    assert any(c.param("dim") == 0 for c in rows)  # per-column scales (the wgrad operand)
+    for dist in ("blocks_tiny", "blocks_huge"):
+        grans = {c.param("granularity") for c in cases if c.dist == dist}
+        assert {"block128", "block128x128"} <= grans
+
+
+def test_new_cases_are_bit_exact_for_the_torch_kernel_and_tiny_ones_clamp():
+    """The torch kernel matches the exact reference on every new case; each blocks_tiny case
+    has a group whose 448 / amax overflows fp32 (the clamp, DESIGN rule 10), and each block
+    granularity an all-zero block (scale 1) beside it."""
+    from numcheck.catalog import get_op
+    spec = get_op("fp8_qdq")
+    for case in _new_fp8_cases():
+        tensors, kw = spec.make_inputs(case)
+        x = inputs.cast(*tensors["x"])[0]
+        assert torch.equal(OQ.torch_fp8_qdq(x, **kw), fp8_qdq(x, kw["fmt"], kw["granularity"],
+                                                            kw["dim"], kw["pow2_scale"])), case.id
+        if case.dist == "blocks_tiny":
+            amax = F.group_amax(x.double().abs(), kw["granularity"], kw["dim"] % x.dim())
+            fmax = F.check_fmt(kw["fmt"]).max
+            assert bool((fmax / amax[amax > 0] > formats.get("fp32").max).any()), case.id
+            if kw["granularity"].startswith("block"):
+                assert bool((amax == 0).any()), case.id

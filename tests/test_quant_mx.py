@@ -394,3 +394,32 @@ def test_torch_kernel_passes_bit_exact():
     assert ran and all(r.kernel_stats.max_ulp == 0 for r in ran)
     skipped = [r for r in v.records if r.status == "skipped"]
     assert skipped and all("no conversion" in r.reason for r in skipped)
+
+
+# ---- grid classes added for issue 12 --------------------------------------------------------------
+
+def test_grid_blocks_under_tiny_amax_clamp_the_scale_and_the_torch_kernel_is_exact():
+    """The blocks_tiny / blocks_huge rows: each has an all-zero block, each tiny e4m3/e5m2 one
+    a block whose shared exponent floor(log2 amax) - emax_elem lies below E8M0's -127 (the
+    clamp); the
+    torch kernel (e4m3/e5m2) matches the exact quantizer bit for bit on all of them."""
+    from numcheck import inputs
+    from numcheck.catalog import get_op
+    from numcheck.ops.quant import torch_mx_qdq
+    spec = get_op("mx_qdq")
+    cases = [c for c in spec.grid("quick") if c.dist.startswith("blocks_")]
+    assert {c.dist for c in cases} == {"blocks_tiny", "blocks_huge"}
+    for case in cases:
+        tensors, kw = spec.make_inputs(case)
+        x = inputs.cast(*tensors["x"])[0]
+        q = mx_quantize(x, kw["elem"], kw["block"], kw["scale_mode"])
+        blocks = x.double().reshape(-1, kw["block"])
+        assert bool((blocks == 0).all(-1).any()), case.id
+        assert int(q.scale_exp.min()) == -127  # the zero blocks' scale
+        emax = math.frexp(formats.get(kw["elem"]).max)[1] - 1
+        if case.dist == "blocks_tiny" and emax >= 8:  # e4m3, e5m2 (e2m1's emax is 2)
+            amax = blocks.abs().amax(-1)
+            unclamped = formats.floor_log2(amax[amax > 0]) - emax
+            assert bool((unclamped < -127).any()), case.id
+        if kw["elem"] in ("e4m3", "e5m2"):
+            assert torch.equal(torch_mx_qdq(x, **kw), mx_qdq(x, **kw)), case.id

@@ -3,7 +3,12 @@
 Shapes. ``Case.shape`` is ``(B, H, Hkv, S, Skv, D)``: q is ``(B, H, S, D)``, k and v are
 ``(B, Hkv, Skv, D)``. ``Hkv < H`` is grouped-query attention (MQA when ``Hkv == 1``): query head
 ``h`` reads kv head ``h // (H // Hkv)`` (torch's ``enable_gqa=True``, which kernels are given
-whenever ``Hkv != H``). ``scale`` defaults to ``1 / sqrt(D)``.
+whenever ``Hkv != H``). ``scale`` defaults to ``1 / sqrt(D)``. The case param ``dv`` (an int;
+the last part of the case id) gives v another head dim, ``(B, Hkv, Skv, dv)``, and the output
+``(B, H, S, dv)``: multi-head latent attention (DeepSeek-V2/V3 MLA: D = 192 = 128 + 64 rotary,
+dv = 128 in training and prefill; D = 576, dv = 512, one kv head, when decode absorbs the up
+projections). The scale stays ``1 / sqrt(D)`` (torch's: q's head dim). A grid row gives it as a
+seventh side of the shape, ``(B, H, Hkv, S, Skv, D, dv)``, which the grid turns into the param.
 
 Case params: ``causal`` (``is_causal=True``: an explicit lower-triangular mask aligned to the
 top-left corner, key j visible to query i iff ``j <= i``, as torch's ``is_causal``; a non-square
@@ -48,6 +53,16 @@ naive fp32 composition's error; the math backend pre-scales q and k by sqrt(scal
 composition is nearly exact on one-hot rows, so a fixed k compares where single roundings of
 ~100-size logits landed; a floor of ~u_fp32 * max|logit| (one rounding of the largest logit)
 would tell the math case from a bug, but the framework has no per-case floor yet.
+
+MLA rows (``dv``; quick and full) and GQA 8:1 rows (full), measured on CPU (torch 2.13): math
+and flex pass every one (math's fp32 large_logits corner as above); flash skips the ``dv`` rows
+(torch's flash takes one head dim for q, k and v) and fails one GQA-8 row, bf16 causal seed 1:
+grad_q of query row 1 (it sees two keys, so grad_q = scale p0 p1 (dP0 - dP1)(k0 - k1) cancels
+to 1/15 of the median row) at 0.28 relative error against the naive composition's 0.057. The
+reference is right (float64 autograd); float64 emulation of the flash backward with only its
+output O rounded to bf16 (D = rowsum(dO * O)) gives 0.285, so this is FlashAttention's
+algorithm meeting the worst-row rule on a cancelling row, like _unjudged_grads' saturated
+rows: an open finding for the lead (docs/grid-audit.md), not declared here.
 """
 from __future__ import annotations
 
@@ -60,7 +75,7 @@ import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from .. import formats, inputs
-from ..cases import Case, make_grid
+from ..cases import Case, Row, make_grid
 from ..compiled import compiled_kernel
 from ..policy import Policy
 from ..registry import Kernel, OpSpec
@@ -104,6 +119,12 @@ def _dims(case: Case) -> tuple[int, int, int, int, int, int]:
     return b, h, hkv, s, skv, d
 
 
+def _dv(case: Case) -> int:
+    """v's head dim: the ``dv`` param, or D (q's and k's) when the case has none."""
+    dv = case.param("dv")
+    return case.shape[-1] if dv is None else int(dv)
+
+
 def _scale_of(case: Case) -> float:
     sc = case.param("scale")
     return float(sc) if sc is not None else 1.0 / math.sqrt(case.shape[-1])
@@ -135,19 +156,19 @@ def _mask(case: Case) -> torch.Tensor | None:
 
 def _qkv(case: Case) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     b, h, hkv, s, skv, d = _dims(case)
-    qs, ks = (b, h, s, d), (b, hkv, skv, d)
+    qs, ks, vs = (b, h, s, d), (b, hkv, skv, d), (b, hkv, skv, _dv(case))
 
     def draw(dist, shape, name):
         return inputs.draw(dist, shape, seed=case.seed, fmt=case.dtype, stream=f"{case.id}/{name}")
 
     if case.dist == "large_logits":
-        q, k, v = draw("normal", qs, "q"), draw("normal", ks, "k"), draw("normal", ks, "v")
+        q, k, v = draw("normal", qs, "q"), draw("normal", ks, "k"), draw("normal", vs, "v")
         logits = (q @ _expand_kv(k, h).transpose(-2, -1)) * _scale_of(case)
         a = math.sqrt(LOGIT_MAX / float(logits.abs().max()))
         return q * a, k * a, v
     if case.dist == "outlier_channels":
-        return draw("normal", qs, "q"), draw("normal", ks, "k"), draw(case.dist, ks, "v")
-    return draw(case.dist, qs, "q"), draw(case.dist, ks, "k"), draw(case.dist, ks, "v")
+        return draw("normal", qs, "q"), draw("normal", ks, "k"), draw(case.dist, vs, "v")
+    return draw(case.dist, qs, "q"), draw(case.dist, ks, "k"), draw(case.dist, vs, "v")
 
 
 def _sdpa_inputs(case: Case):
@@ -319,7 +340,7 @@ def _torch_predicate(backend: SDPBackend, case: Case, device: str) -> str | None
         t = torch.empty(shape, dtype=dt, device=device)
         return inputs.with_layout(t, layout).requires_grad_()
     try:
-        q, k, v = empty((b, h, s, d)), empty((b, hkv, skv, d)), empty((b, hkv, skv, d))
+        q, k, v = empty((b, h, s, d)), empty((b, hkv, skv, d)), empty((b, hkv, skv, _dv(case)))
         mask = (torch.ones((b, 1, s, skv), dtype=torch.bool, device=device)
                 if case.param("mask") else None)
         with sdpa_kernel([backend]), warnings.catch_warnings(record=True) as caught:
@@ -336,6 +357,11 @@ def _torch_predicate(backend: SDPBackend, case: Case, device: str) -> str | None
 
 
 def _flash_supports(case: Case, device: str) -> str | None:
+    if _dv(case) != case.shape[-1]:
+        # sdp_utils_cpp.cpp / sdp_utils.cpp check_head_dim_size_flash (torch 2.13, CPU and CUDA).
+        return (f"sdpa_flash needs v's head dim equal to q's and k's (torch: 'Flash attention "
+                f"requires q,k,v to have the same last dimension'); got {case.shape[-1]} and "
+                f"{_dv(case)}")
     if torch.device(device).type != "cuda":
         # CPU flash (_scaled_dot_product_flash_attention_for_cpu): fp16/bf16/fp32/fp64, masks,
         # causal, GQA; only the last-dim stride must be 1 (measured; sdp_utils_cpp.cpp).
@@ -374,8 +400,9 @@ def _efficient_supports(case: Case, device: str) -> str | None:
     if case.dtype == "bf16" and major < 8:
         return "memory-efficient attention runs bf16 on sm80 and newer only"
     align = 4 if case.dtype == "fp32" else 8  # CUTLASS GEMM alignment (sdp_utils.cpp)
-    if d % align:
-        return f"memory-efficient attention needs head dim % {align} == 0, got {d}"
+    if d % align or _dv(case) % align:
+        return (f"memory-efficient attention needs head dims % {align} == 0, got {d} "
+                f"(v: {_dv(case)})")
     return _torch_predicate(SDPBackend.EFFICIENT_ATTENTION, case, device)
 
 
@@ -386,9 +413,12 @@ def _cudnn_supports(case: Case, device: str) -> str | None:
         return reason
     if case.dtype not in ("fp16", "bf16"):
         return f"cuDNN attention runs fp16/bf16, not {case.dtype}"
-    if d % 8 or d > 128:
-        # 256 is allowed on sm90/sm100 with recent cuDNN only; 128 holds everywhere.
-        return f"cuDNN attention: head dim must be a multiple of 8 and <= 128, got {d}"
+    if d % 8 or d > 128 or _dv(case) % 8 or _dv(case) > 128:
+        # 256 is allowed on sm90/sm100 with recent cuDNN only; 128 holds everywhere (MLA's
+        # D = 192 runs on recent cuDNN/sm90+ only, which torch's predicate would have to vouch
+        # for: not run).
+        return (f"cuDNN attention: head dims must be multiples of 8 and <= 128, got {d} "
+                f"(v: {_dv(case)})")
     if skv == 1:
         return "cuDNN attention does not take a key/value sequence of length 1"
     if case.param("mask"):
@@ -414,14 +444,48 @@ _FACTORS = {"dtype": ["fp32", "bf16", "fp16"], "shape": _SHAPES, "dist": list(DI
 _FULL = {"shape": _FULL_SHAPES, "layout": ["sliced", "transposed"], "scale": [0.5]}
 
 def _attn_params(c: Case) -> Case:
-    """The attn factor turned into the causal and mask params."""
+    """The attn factor turned into the causal and mask params; a seventh side of the shape
+    (v's head dim, rows below) into the ``dv`` param, last."""
     p = dict(c.params)
     causal, mask = _ATTN[p.pop("attn")]
-    return dataclasses.replace(c, params=(("causal", causal), ("mask", mask),
-                                          ("layout", p["layout"]), ("scale", p["scale"])))
+    params = (("causal", causal), ("mask", mask), ("layout", p["layout"]), ("scale", p["scale"]))
+    if len(c.shape) == 7:
+        return dataclasses.replace(c, shape=c.shape[:6], params=params + (("dv", c.shape[6]),))
+    return dataclasses.replace(c, params=params)
 
 
-sdpa_grid = make_grid("sdpa", _FACTORS, extra_full=_FULL, transform=_attn_params)
+def _row(dtype, shape, dist, attn, layout="contiguous", scale=None) -> Row:
+    return {"dtype": dtype, "shape": shape, "dist": dist, "attn": attn, "layout": layout,
+            "scale": scale}
+
+
+# Shape classes the pairwise design above lacks, added as fixed rows after it (the design is
+# untouched, so no existing case id or input moves; docs/grid-audit.md). (B, H, Hkv, S, Skv, D
+# [, dv]). Both sets: MLA with small S (the quick set's time budget is tight).
+_MLA_ROWS = [
+    _row("fp32", (1, 4, 4, 33, 33, 192, 128), "normal", "causal"),  # MLA prefill, causal
+    _row("bf16", (2, 4, 4, 17, 31, 192, 128), "outlier_channels", "fully_masked_rows"),
+    _row("fp16", (1, 4, 2, 9, 65, 192, 128), "large_logits", "bool"),  # dv != D under GQA
+    _row("bf16", (1, 8, 1, 1, 65, 576, 512), "uniform", "none"),  # absorbed MLA decode (MQA)
+]
+# full only: MLA at 16 heads and S = 129 (two key blocks of 64 and a tail), absorbed decode with
+# a few query rows, MLA with strided inputs and an explicit scale; GQA 8 (Llama-3 70B's 64/8,
+# Qwen2.5's 40/8) with head dim 128, prefill and decode.
+_FULL_ROWS = [
+    _row("fp32", (1, 16, 16, 129, 129, 192, 128), "large_logits", "none"),
+    _row("bf16", (1, 16, 16, 129, 129, 192, 128), "uniform", "causal"),
+    _row("fp16", (2, 16, 1, 3, 257, 576, 512), "outlier_channels", "bool"),
+    _row("bf16", (1, 4, 4, 33, 33, 192, 128), "normal", "none", layout="sliced"),
+    _row("fp32", (1, 4, 4, 33, 33, 192, 128), "uniform", "bool", layout="transposed",
+         scale=0.5),
+    _row("bf16", (1, 16, 2, 65, 129, 128), "normal", "causal"),
+    _row("fp16", (2, 32, 4, 1, 300, 128), "outlier_channels", "fully_masked_rows"),
+    _row("fp32", (1, 16, 2, 65, 129, 128), "large_logits", "fully_masked_rows"),
+]
+
+
+sdpa_grid = make_grid("sdpa", _FACTORS, extra_full=_FULL, probes=_MLA_ROWS,
+                      transform=_attn_params, full_probes=_FULL_ROWS)
 
 
 def _rows(case: Case, shape: torch.Size):
@@ -521,6 +585,8 @@ OPS = (
         # than the baseline), gradients k = 4 / floor 4u (a backward chains more roundings).
         Policy(notes="baseline rule only: P V cancels, no ULP or componentwise gate"),
         grad_args=("q", "k", "v"), blocks=_rows, skip_grads=_unjudged_grads,
+        # QK^T sums D terms, P V sums Skv (gamma_L of the condition-aware bound)
+        sum_len=lambda case: case.shape[4] + case.shape[5],
         doc="sdpa(q, k, v, attn_mask=None, is_causal=False, scale=None); Case.shape = "
             "(B, H, Hkv, S, Skv, D), q (B, H, S, D), k/v (B, Hkv, Skv, D); fully masked rows -> 0"),
 )

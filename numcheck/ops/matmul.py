@@ -320,6 +320,12 @@ def _acc_len(case: Case) -> float:
     return case.shape[-2] * _U_ACC / formats.get(case.dtype).unit_roundoff
 
 
+def _k_len(case: Case) -> int:
+    """K: the terms of each output's inner product (its gradients sum M or N: not longer on
+    the grids here, where K is the largest dimension or close to it)."""
+    return case.shape[-2]
+
+
 def _repair(row: dict) -> dict:
     """Make a pairwise row meaningful by changing the one value that makes it not (instead of
     dropping the row, which would lose every other pair it covers)."""
@@ -402,7 +408,7 @@ OPS = (
                   extra_full={"shape": _MM_FULL_SHAPES, "dist": _FULL_DISTS, "layout": ["sliced"]},
                   repair=_repair, probes=_MM_PROBES),
         _MM_POLICY, grad_args=("a", "b"), blocks=_tiles, scale=matmul_scale,
-        reduction_len=_acc_len,
+        reduction_len=_acc_len, sum_len=_k_len,
         doc="matmul(a, b): a (..., M, K) @ b (K, N) or (..., K, N); shape (M, K, N) or "
             "(B, M, K, N)"),
     OpSpec(
@@ -413,7 +419,7 @@ OPS = (
                   extra_full={"shape": _LIN_FULL_SHAPES, "dist": _FULL_DISTS, "layout": ["sliced"]},
                   repair=_repair, probes=_LIN_PROBES),
         _LIN_POLICY, grad_args=("x", "weight", "bias"), blocks=_tiles, scale=_linear_scale,
-        reduction_len=_acc_len, skip_grads=_no_bias, out_dtypes=_lin_out_dtypes,
+        reduction_len=_acc_len, sum_len=lambda case: _k_len(case) + 1, skip_grads=_no_bias, out_dtypes=_lin_out_dtypes,
         doc="linear(x, weight, bias=None) = x W^T + b; x (..., K), weight (N, K), bias (N,); "
             "shape (rows, K, N) or (B, S, K, N)"),
 )

@@ -213,6 +213,11 @@ def _adaln_strided_rows(case: Case, device: str, output: str) -> str | None:
     return None
 
 
+def _row_len(case: Case) -> int:
+    """Terms of the row sums (mean, variance, mean of squares) behind each output."""
+    return case.shape[-1]
+
+
 # ---- declared ops and kernels (registered by numcheck.catalog) -------------------------
 
 OPS = (
@@ -221,13 +226,14 @@ OPS = (
         make_grid("rms_norm", {**_FACTORS, "weight": ["same", "fp32"]}, extra_full=_FULL,
                   keep=_keep),
         Policy(), grad_args=("x", "weight"), blocks=_rows, out_dtypes=_out_dtypes,
+        sum_len=_row_len,
         doc="rms_norm(x, weight, eps): x / sqrt(mean(x^2) + eps) * weight over the last dim"),
     OpSpec(
         "layer_norm", _ln_inputs, layer_norm_reference, layer_norm_baseline,
         make_grid("layer_norm", {**_FACTORS, "weight": ["same", "fp32"]}, extra_full=_FULL,
                   keep=_keep),
         _LN_POLICY, grad_args=("x", "weight", "bias"), blocks=_rows, scale=_ln_scale,
-        reduction_len=lambda case: case.shape[-1],
+        reduction_len=_row_len, sum_len=_row_len,
         skip_grads=_zero_ref_grads,
         out_dtypes=_out_dtypes,
         doc="layer_norm(x, weight, bias, eps) over the last dim, biased variance"),
@@ -236,7 +242,7 @@ OPS = (
         make_grid("adaln_modulate", {**_FACTORS, "shape": [(2, 16, 128), (3, 7, 129), (1, 5, 1025)]},
                   extra_full=_FULL, keep=_keep),
         _LN_POLICY, grad_args=("x", "shift", "scale"), blocks=_rows, scale=_adaln_scale,
-        reduction_len=lambda case: case.shape[-1],
+        reduction_len=_row_len, sum_len=_row_len,
         skip_grads=_zero_ref_grads,
         doc="adaln_modulate(x, shift, scale, eps) = layernorm(x) * (1 + scale) + shift; "
             "shift/scale (B, 1, D)"),

@@ -112,13 +112,40 @@ _FP8_SHAPES = [(4, 256), (3, 130, 257), (1, 4096), (256, 384)]  # ragged blocks,
 _FP8_DISTS = ["normal", "outlier_channels", "zero_blocks", "wide_range", "subnormal",
               "near_overflow"]
 
+
+def _fp8_row(dtype, shape, dist, fmt, granularity, dim=-1, pow2_scale=False):
+    return {"dtype": dtype, "shape": shape, "dist": dist, "fmt": fmt, "granularity": granularity,
+            "dim": dim, "pow2_scale": pow2_scale}
+
+
+# Fixed rows after the pairwise design (which stays as it was: no case id moves), in both sets
+# (full: three seeds each); docs/grid-audit.md.
+_FP8_PROBES = [
+    # Row scaling on rows longer than one 128-wide tile and not a power of two (the design's
+    # row cases are 384, 4096 or 3 long): a row amax over several tiles and a tail.
+    _fp8_row("bf16", (8, 200), "normal", "e4m3", "row"),
+    _fp8_row("fp32", (4, 390), "outlier_channels", "e5m2", "row", pow2_scale=True),
+    _fp8_row("bf16", (2, 1000), "wide_range", "e4m3", "row", pow2_scale=True),
+    _fp8_row("fp32", (390, 5), "near_overflow", "e4m3", "row", dim=0),  # per-column (wgrad)
+    # Zero (and constant) blocks under a tiny / huge tensor amax (inputs.BLOCK_SCALE_
+    # DISTRIBUTIONS): groups whose 448 / amax leaves fp32 and clamps, next to all-zero groups.
+    _fp8_row("fp32", (4, 390), "blocks_tiny", "e4m3", "block128"),
+    _fp8_row("bf16", (130, 257), "blocks_tiny", "e4m3", "block128x128", pow2_scale=True),
+    _fp8_row("fp32", (3, 130, 257), "blocks_tiny", "e4m3", "tensor", pow2_scale=True),
+    _fp8_row("bf16", (8, 200), "blocks_tiny", "e5m2", "row"),
+    _fp8_row("bf16", (4, 390), "blocks_huge", "e5m2", "block128"),
+    _fp8_row("fp32", (130, 257), "blocks_huge", "e4m3", "block128x128"),
+    _fp8_row("bf16", (390, 5), "blocks_huge", "e4m3", "block128", dim=0, pow2_scale=True),
+]
+
 FP8_QDQ = OpSpec(
     "fp8_qdq", _fp8_inputs, fp8.fp8_qdq_reference, fp8_qdq_baseline,
     make_grid("fp8_qdq", {"dtype": ["bf16", "fp32"], "shape": _FP8_SHAPES, "dist": _FP8_DISTS,
                           "fmt": list(FP8_FORMATS), "granularity": list(GRANULARITIES),
                           "dim": [-1, 0], "pow2_scale": [False, True]},
               extra_full={"dtype": ["fp16"], "dist": ["student_t", "lognormal", "sparse",
-                                                      "large_mean"]}),
+                                                      "large_mean"]},
+              probes=_FP8_PROBES),
     # Exact (DESIGN rules 5, 10): the reference rounded once to x's dtype is the answer; a
     # correct quantizer matches it bit for bit (max ULP 0). A wrong scale or a truncating cast
     # moves many elements by >= 1 ULP.
@@ -189,12 +216,27 @@ _MX_SHAPES = [(4, 64), (2, 3, 96), (1, 1024), (8, 32)]
 # E8M0 clamp and rceil's overflow corner), wide_range (every binade).
 _MX_DISTS = ["normal", "outlier_channels", "student_t", "zero_blocks", "wide_range", "subnormal",
              "near_overflow"]
+# Fixed rows after the pairwise design (unchanged): zero and constant blocks under a tiny tensor
+# amax (floor(log2 amax) - emax_elem below E8M0's -127: the clamp) and a huge one.
+_MX_PROBES = [
+    {"dtype": "fp32", "shape": (16, 256), "dist": "blocks_tiny", "elem": "e4m3",
+     "scale_mode": "floor"},
+    {"dtype": "bf16", "shape": (16, 256), "dist": "blocks_tiny", "elem": "e5m2",
+     "scale_mode": "rceil"},
+    {"dtype": "bf16", "shape": (2, 3, 96), "dist": "blocks_tiny", "elem": "e2m1",
+     "scale_mode": "floor"},
+    {"dtype": "bf16", "shape": (16, 256), "dist": "blocks_huge", "elem": "e4m3",
+     "scale_mode": "rceil"},
+    {"dtype": "fp32", "shape": (1, 1024), "dist": "blocks_huge", "elem": "e5m2",
+     "scale_mode": "floor"},
+]
 
 MX_QDQ = OpSpec(
     "mx_qdq", _mx_inputs, mx.mx_qdq_reference, mx_qdq_baseline,
     make_grid("mx_qdq", {"dtype": ["bf16", "fp32"], "shape": _MX_SHAPES, "dist": _MX_DISTS,
                          "elem": list(ELEMS), "scale_mode": list(SCALE_MODES)},
-              extra_full={"dist": ["lognormal", "sparse", "uniform", "large_mean"]}),
+              extra_full={"dist": ["lognormal", "sparse", "uniform", "large_mean"]},
+              probes=_MX_PROBES),
     # Exact (DESIGN rules 5, 10): the qdq result is representable in x's dtype (numcheck.quant.mx
     # module doc), so a correct quantizer matches the reference bit for bit: max ULP 0 in x's
     # dtype. A scale one binade off or a truncating cast moves many elements by >= 1 ULP.
@@ -262,12 +304,22 @@ def _nvfp4_blocks(case, shape):
 _NVFP4_SHAPES = [(16, 64), (32, 32), (2, 16, 48), (16, 1024)]
 _NVFP4_DISTS = ["normal", "outlier_channels", "student_t", "zero_blocks", "wide_range",
                 "lognormal"]
+# Fixed rows after the pairwise design (unchanged): zero and constant blocks and 16 x 16 tiles
+# under a tiny tensor amax (2688 / amax beyond fp32's max: the encode scale clamps; amax / 2688 an
+# fp32 subnormal) and a huge one.
+_NVFP4_PROBES = [
+    {"dtype": "fp32", "shape": (16, 1024), "dist": "blocks_tiny", "two_d": False},
+    {"dtype": "bf16", "shape": (48, 64), "dist": "blocks_tiny", "two_d": True},
+    {"dtype": "bf16", "shape": (16, 1024), "dist": "blocks_huge", "two_d": False},
+    {"dtype": "fp32", "shape": (48, 64), "dist": "blocks_huge", "two_d": True},
+]
 
 NVFP4_QDQ = OpSpec(
     "nvfp4_qdq", _nvfp4_inputs, nvfp4.nvfp4_qdq_reference, nvfp4_qdq_baseline,
     make_grid("nvfp4_qdq", {"dtype": ["bf16", "fp32"], "shape": _NVFP4_SHAPES,
                             "dist": _NVFP4_DISTS, "two_d": [False, True]},
-              extra_full={"dist": ["sparse", "uniform", "near_overflow", "subnormal"]}),
+              extra_full={"dist": ["sparse", "uniform", "near_overflow", "subnormal"]},
+              probes=_NVFP4_PROBES),
     # Not bit-exact across implementations. Measured on N(0,1) bf16/fp32 64x1024 tensors: an
     # fp32 kernel evaluating rule 10 in fp32 (block_amax / 6 * S_enc rounded twice, x / (bs * dec)
     # rounded twice) differs from the exact quantizer in 0.14% of elements, Transformer Engine's

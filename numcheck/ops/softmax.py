@@ -214,6 +214,29 @@ def _log_softmax_scale(x, dim=-1):
     return az + lse.abs() + 1.0 + h
 
 
+def _lse_terms(x: torch.Tensor, dim: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """|x|, |LSE| (the full log-sum-exp, m + log s) and p, float64, no grad."""
+    with torch.no_grad():
+        x64 = x.to(torch.float64)
+        z, lse = _shifted(x64, dim)
+        return x64.abs(), (x64 - z + lse).abs(), torch.exp(z - lse)
+
+
+# Condition-aware bound (numcheck.conditioning), the intermediates a stable kernel may round
+# beyond its inputs: a kernel that keeps the row's log-sum-exp (fused and flash kernels:
+# exp(x - LSE), x - LSE) rounds LSE and x - LSE, each by u of |x| + |LSE|; softmax's output
+# moves by p times that, log_softmax's by that itself. Input perturbations cannot stand in:
+# softmax is shift-invariant, so no perturbation of x moves a dominant p like a rounded LSE.
+def _softmax_cond_scale(x, dim=-1):
+    ax, alse, p = _lse_terms(x, dim)
+    return p * (ax + alse)
+
+
+def _log_softmax_cond_scale(x, dim=-1):
+    ax, alse, _ = _lse_terms(x, dim)
+    return ax + alse
+
+
 def _eager_softmax(x, dim=-1):
     return torch.softmax(x, dim)
 
@@ -274,6 +297,11 @@ def _ce_scale(logits, target):
     az, lse, h, _ = _cond(logits, -1)
     t = target.view(-1, 1)
     return (az.gather(-1, t) + lse.abs() + 1.0 + h).mean()
+
+
+def _ce_cond_scale(logits, target):
+    ax, alse, _ = _lse_terms(logits, -1)
+    return (ax.gather(-1, target.view(-1, 1)) + alse).mean()
 
 
 def _eager_cross_entropy(logits, target):
@@ -384,19 +412,23 @@ OPS = (
         "softmax", _sm_inputs, softmax_reference, softmax_baseline,
         make_grid("softmax", _SM_FACTORS, extra_full=_SM_FULL),
         _SM_POLICY, grad_args=("x",), blocks=_blocks_sm, scale=_softmax_scale,
-        skip_grads=_sm_skip_grads, reduction_len=_reduced_len,
+        skip_grads=_sm_skip_grads, reduction_len=_reduced_len, sum_len=_reduced_len,
+        cond_scale=_softmax_cond_scale,
         doc="softmax(x, dim=-1); dim is the case param 'last' (-1) or 'second_last' (-2)"),
     OpSpec(
         "log_softmax", _sm_inputs, log_softmax_reference, log_softmax_baseline,
         make_grid("log_softmax", _SM_FACTORS, extra_full=_SM_FULL),
         _LSM_POLICY, grad_args=("x",), blocks=_blocks_sm, scale=_log_softmax_scale,
-        reduction_len=_reduced_len,
+        reduction_len=_reduced_len, sum_len=_reduced_len,
+        cond_scale=_log_softmax_cond_scale,
         doc="log_softmax(x, dim=-1); dim is the case param 'last' (-1) or 'second_last' (-2)"),
     OpSpec(
         "cross_entropy", _ce_inputs, cross_entropy_reference, cross_entropy_baseline,
         make_grid("cross_entropy", _CE_FACTORS, extra_full=_CE_FULL, keep=_ce_keep),
         _CE_POLICY, grad_args=("logits",), blocks=_blocks_ce, scale=_ce_scale,
         out_dtypes=_out_dtypes_ce, reduction_len=lambda case: case.shape[-1],
+        # the row's sum of exponentials, then the mean over N rows
+        sum_len=lambda case: case.shape[-1] + case.shape[0], cond_scale=_ce_cond_scale,
         doc="cross_entropy(logits (N, C), target (N,) int64 kwarg on the CPU), mean reduction"),
 )
 KERNELS = (

@@ -43,8 +43,13 @@ class FinishReport:
     isa_notes: list[str] = field(default_factory=list)
 
     def lines(self) -> list[str]:
+        quiet = {id(c) for c in self.changes
+                 if c.kind == "merged" and c.metrics_line() == "no metric changed"}
         out = [f"{c.kind:>14} {'/'.join(map(str, c.key[1:5]))}: {c.metrics_line()}"
-               for c in self.changes]
+               for c in self.changes if id(c) not in quiet]
+        if quiet:  # a new platform seen, every statistic inside the envelope already
+            out.append(f"{'merged':>14} {len(quiet)} more row(s) into their envelope with no "
+                       f"metric changed (their platforms now include this machine's)")
         out += [f"       refused {r}" for r in self.refused]
         for p, keys in self.unused.items():
             out.append(f"{len(keys)} golden row(s) in {p} belong to no case of this run's case "

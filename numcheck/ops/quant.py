@@ -149,7 +149,8 @@ FP8_QDQ = OpSpec(
     # Exact (DESIGN rules 5, 10): the reference rounded once to x's dtype is the answer; a
     # correct quantizer matches it bit for bit (max ULP 0). A wrong scale or a truncating cast
     # moves many elements by >= 1 ULP.
-    Policy(max_ulp=0, notes="exact: FP8 fake-quant, reference rounded to x's dtype"),
+    # cond_c None: exact, max ULP 0 is the rule (no stable alternative to excuse)
+    Policy(max_ulp=0, cond_c=None, notes="exact: FP8 fake-quant, reference rounded to x's dtype"),
     blocks=_fp8_blocks,
     doc="fp8_qdq(x, fmt='e4m3'|'e5m2', granularity='tensor'|'row'|'block128'|"
         "'block128x128', dim=-1, pow2_scale=False): FP8 current-scaling fake-quant; result "
@@ -240,7 +241,7 @@ MX_QDQ = OpSpec(
     # Exact (DESIGN rules 5, 10): the qdq result is representable in x's dtype (numcheck.quant.mx
     # module doc), so a correct quantizer matches the reference bit for bit: max ULP 0 in x's
     # dtype. A scale one binade off or a truncating cast moves many elements by >= 1 ULP.
-    Policy(max_ulp=0, notes="exact: MX fake-quant is representable in x's dtype"),
+    Policy(max_ulp=0, cond_c=None, notes="exact: MX fake-quant is representable in x's dtype"),
     blocks=_mx_blocks,
     doc="mx_qdq(x, elem, block=32, scale_mode='floor'|'rceil'): OCP MX v1.0 fake-quant along "
         "the last dim; result in x's dtype, bit-exact (max ULP 0)")
@@ -331,7 +332,10 @@ NVFP4_QDQ = OpSpec(
     # 16-element block. A scale one binade off (saturation or a lost bit), truncation (rz's rms
     # error is 2x RNE's) or the inverse tensor scale fail it; a NaN from a zero block fails the
     # non-finite rule.
-    Policy(baseline_k=1.25, notes="SQNR gap to the exact NVFP4 quantizer, k = 1.25"),
+    # cond_c / truncation_ulp None: perturbing x moves elements across e2m1 steps (a whole
+    # quantization step, no rounding-sized allowance), and a lossy result is not one rounding
+    Policy(baseline_k=1.25, cond_c=None, truncation_ulp=None,
+           notes="SQNR gap to the exact NVFP4 quantizer, k = 1.25"),
     blocks=_nvfp4_blocks,
     doc="nvfp4_qdq(x, two_d=False): NVFP4 fake-quant (e2m1, e4m3 scale per 16 along the last "
         "dim or per 16x16 tile, fp32 tensor scale amax/2688); result in x's dtype")
@@ -381,7 +385,8 @@ def _int4_ok(row) -> bool:
 
 # Exact (DESIGN rules 5, 10): the fp32 dequantized value cast once to x's dtype is the answer; a
 # correct quantizer matches it bit for bit (max ULP 0).
-_INT_POLICY = Policy(max_ulp=0, notes="exact: integer fake-quant, reference rounded to x's dtype")
+_INT_POLICY = Policy(max_ulp=0, cond_c=None,
+                     notes="exact: integer fake-quant, reference rounded to x's dtype")
 
 INT8_QDQ = OpSpec(
     "int8_qdq", _int_inputs, intq.int8_qdq_reference, intq.int8_qdq,
@@ -480,7 +485,8 @@ SCALED_MATMUL = OpSpec(
               extra_full={"dist": ["wide_range", "zero_blocks"]}),
     # DESIGN rule 5: GEMM is judged componentwise, |out - ref| <= c u (|A||B| + eta) with
     # gamma_K of fp32 accumulation (reduction_len = K in fp32 units), plus the baseline rule.
-    Policy(bound_c=BOUND_C, bound_per_len=1.0,
+    # cond_c None: perturbing a and b moves their quantization, not a rounding of the GEMM
+    Policy(bound_c=BOUND_C, bound_per_len=1.0, cond_c=None,
            notes="componentwise |Aq||Bq| bound of the dequantized operands"),
     blocks=lambda case, shape: (min(shape[-2], 128), min(shape[-1], 128)),
     scale=_scaled_matmul_scale, reduction_len=lambda case: float(case.shape[1]),

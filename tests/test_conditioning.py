@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from numcheck import conditioning, policy
-from numcheck.catalog import get_op
+from numcheck.catalog import get_op, kernels
 from numcheck.registry import Kernel
 from numcheck.run import verify
 from numcheck.stats import error_stats
@@ -177,3 +177,12 @@ def test_rounded_once_needs_a_coarser_output_and_one_ulp():
     assert not policy.rounded_once(p, k32, k32, conditioning.compute_unit("fp32"), grad=False)
     assert not policy.rounded_once(policy.Policy(truncation_ulp=None), k, k,
                                    conditioning.compute_unit("bf16"), grad=False)
+
+
+def test_round_to_nearest_stores_pass_the_truncation_gate():
+    """The benign side: torch's rms_norm in bf16 (fp32 compute, one RNE store) is gated on the
+    same cases and passes each."""
+    v = _verify("rms_norm", kernels("rms_norm")["torch"].fn, ("bf16",))
+    gated = [r for r in v.records if r.gate_bias and r.output == "out"]
+    assert gated and all(r.status == "passed" for r in gated), [
+        (r.case_id, r.kernel_stats.mag_bias_ulp) for r in gated if r.status != "passed"]

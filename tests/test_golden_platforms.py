@@ -143,3 +143,27 @@ def test_merge_takes_the_worse_edge_of_every_statistic():
     assert m["kernel_worst_block"] == a["kernel_worst_block"]
     assert m["kernel_mag_bias_ulp"] == -0.2
     assert golden.platforms_of(m) == [A, B]
+
+
+def test_a_row_exact_on_its_platform_may_round_on_another():
+    """Constant rows through layer_norm: exact (error 0) under DEFAULT, 0.56 u under AVX2
+    (measured). Another platform may round it, by up to one u; the same platform may not."""
+    old = _row(rel=1e-30, dtype="fp16", u=2.0 ** -11)
+    for side in ("kernel", "baseline"):
+        old[f"{side}_rel_l2"], old[f"{side}_sqnr_db"] = 0.0, math.inf
+        old[f"{side}_min_block_sqnr_db"] = math.inf
+    new = dict(old, kernel_rel_l2=0.56 * 2.0 ** -11, kernel_sqnr_db=71.2,
+               kernel_min_block_sqnr_db=67.4)
+    assert regression.compare_row(old, dict(new, platforms=B)).kind == "drift"
+    assert regression.compare_row(old, dict(new, platforms=A)).kind == "regressed"
+    much = dict(new, platforms=B, kernel_rel_l2=1.5 * 2.0 ** -11)
+    assert regression.compare_row(old, much).kind == "regressed"
+
+
+def test_bias_may_move_to_the_truncation_gate_on_another_platform_only():
+    old = _row(gate_bias=True, kernel_mag_bias_ulp=0.0)
+    new = dict(old, kernel_mag_bias_ulp=-0.22)
+    assert regression.compare_row(old, dict(new, platforms=B)).kind == "drift"
+    assert regression.compare_row(old, dict(new, platforms=A)).kind == "regressed"
+    truncating = dict(new, platforms=B, kernel_mag_bias_ulp=-0.5)
+    assert regression.compare_row(old, truncating).kind == "regressed"

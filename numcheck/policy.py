@@ -35,9 +35,9 @@ BASELINE_K = 2.0
 FLOOR_U = 2.0
 # Truncation toward zero gives a mean of -0.5 ULP toward smaller magnitude, RNE gives ~0.
 TRUNCATION_ULP = 0.25
-# Condition-aware bound, C = COND_C + reduction_len: a backward-stable kernel's error is that of
+# Condition-aware bound, C = COND_C + OpSpec.sum_len: a backward-stable kernel's error is that of
 # inputs perturbed by a few u_c (Higham, "Accuracy and Stability", ch. 3: elementwise ops and
-# products 1-3 roundings per result; sums of n terms gamma_n = n u, the reduction_len term).
+# products 1-3 roundings per result; sums of n terms gamma_n = n u, the sum_len term).
 # 4: up to four roundings per element beyond the perturbation itself.
 COND_C = 4.0
 
@@ -51,8 +51,12 @@ class Policy:
     # ... plus this many units per element of the op's reduction (Higham's gamma_n: a recursive
     # sum of n terms errs by up to n u; pairwise or blocked kernels stay far below).
     bound_per_len: float = 0.0
-    # |mag_bias_ulp| gate where an output is rounded once (rounded_once); None: never gated
-    truncation_ulp: float | None = TRUNCATION_ULP
+    # |mag_bias_ulp| gate on every forward output (an op that knows its result is one rounding,
+    # e.g. a fused quantizer); None: the automatic gate below
+    truncation_ulp: float | None = None
+    # the truncation gate at TRUNCATION_ULP wherever an output is rounded once (rounded_once);
+    # False for lossy results that are no rounding of an exact value (quantizers)
+    auto_truncation: bool = True
     # Fused backward kernels recompute from saved statistics (mean, rstd) instead of the
     # forward's intermediates; on ill-conditioned rows (large_mean, mean/std = 512) torch's CPU
     # layer_norm backward measured 4.1x the naive autograd's error while within 0.3 u * cond.
@@ -127,7 +131,7 @@ def judge(policy: Policy, k: ErrorStats, b: ErrorStats | None, *, what: str = "o
     if policy.max_ulp is not None and not grad and not k.max_ulp <= policy.max_ulp:
         v.fail(f"{what}: max ULP {k.max_ulp} > {policy.max_ulp} ({k.fmt}; p99 {k.p99_ulp})")
     if gate_bias is None:
-        gate_bias = rounded_once(policy, k, b, compute_unit(compute or k.fmt), grad)
+        gate_bias = rounded_once(policy, k, compute_unit(compute or k.fmt), grad)
     if gate_bias:
         limit = truncation_limit(policy, k, b)
         if not abs(k.mag_bias_ulp) <= limit:
@@ -169,20 +173,21 @@ def truncation_limit(policy: Policy, k: ErrorStats, b: ErrorStats | None) -> flo
         BIAS_Z * math.sqrt(max(spread, 0.0) / max(k.n_compared, 1))
 
 
-def rounded_once(policy: Policy, k: ErrorStats, b: ErrorStats | None, compute_u: float,
-                 grad: bool) -> bool:
+def rounded_once(policy: Policy, k: ErrorStats, compute_u: float, grad: bool) -> bool:
     """Does the truncation gate bind? (DESIGN rule 6) Where the output is rounded once to its
     format: a forward output coarser than the precision a stable kernel computes in (bf16 or
     fp16 results of fp32 work), every element of the kernel's within TRUNCATION_MAX_ULP ULPs
     (one rounding of an accurate value, perhaps one more; a kernel many ULPs off somewhere is
     judged by the error rules, and a few elements thousands of ULPs off, as where log-probs
     near 0 cancel, would swamp the mean), over at least TRUNCATION_MIN_N elements (a
-    mean of fewer cannot tell truncation's -0.5 from RNE's noise at 3 standard errors). Ops
-    whose policy sets truncation_ulp=None are exempt (lossy quantizers: their result is not
-    one rounding of an exact value). ``b`` is unused: the gate follows the kernel's result."""
-    if grad or policy.truncation_ulp is None:
+    mean of fewer cannot tell truncation's -0.5 from RNE's noise at 3 standard errors). An op
+    whose policy sets truncation_ulp is gated on every forward output; auto_truncation=False
+    exempts lossy quantizers (their result is no rounding of an exact value)."""
+    if grad:
         return False
-    if not formats.get(k.fmt).unit_roundoff > compute_u:
+    if policy.truncation_ulp is not None:  # the op asks for it on every forward output
+        return True
+    if not policy.auto_truncation or not formats.get(k.fmt).unit_roundoff > compute_u:
         return False
     return k.max_ulp <= TRUNCATION_MAX_ULP and k.n_compared >= TRUNCATION_MIN_N
 

@@ -335,6 +335,25 @@ def _execute(spec: OpSpec, kern: Kernel, case: Case, device: str, p: _Prepared) 
     return outs
 
 
+def _cond_ratio(spec: OpSpec, case: Case, o: _Output, p: _Prepared, fmt: str,
+                blocks) -> float | None:
+    """The output's error over its condition-aware bound (numcheck.conditioning); None when
+    the reference gives no such output (an unused gradient)."""
+    d = p.spread(spec, case).get(o.name)
+    if d is None:
+        return None
+    u_c = conditioning.compute_unit(case.dtype)
+    if o.name == "out" and spec.cond_scale is not None:
+        d = d + u_c * spec.cond_scale(**p.exact, **p.kwargs)
+    c = spec.policy.cond_c + (float(spec.sum_len(case)) if spec.sum_len else 0.0)
+    worst = conditioning.ratio(o.kernel, o.ref, d, fmt, c, blocks, u_c)
+    if o.scale is not None and spec.policy.bound_c is not None:
+        # the componentwise rule judges elements: it is excused element by element
+        worst = max(worst, conditioning.ratio(o.kernel, o.ref, d, fmt, c, blocks, u_c,
+                                              elementwise=True))
+    return worst
+
+
 def _measure(spec: OpSpec, kern: Kernel, case: Case, device: str, o: _Output,
              base: Record, p: _Prepared) -> Record:
     """ErrorStats of kernel and baseline against the reference, and the verdict's inputs."""
@@ -352,8 +371,8 @@ def _measure(spec: OpSpec, kern: Kernel, case: Case, device: str, o: _Output,
     # the unit roundoff of the verdict: the coarser of the output's and the compute format's
     rec.u = max(formats.get(ks.fmt).unit_roundoff, formats.get(case.dtype).unit_roundoff)
     rec.gate_ulp = spec.policy.max_ulp is not None and not grad
-    rec.gate_bias = policy.rounded_once(spec.policy, ks, bs,
-                                        conditioning.compute_unit(case.dtype), grad)
+    rec.gate_bias = policy.rounded_once(spec.policy, ks, conditioning.compute_unit(case.dtype),
+                                        grad)
     if o.scale is not None:
         rec.bound_ratio = _bound_ratio(out, ref, o.scale, ks.fmt)
         rec.baseline_bound_ratio = _bound_ratio(o.baseline.detach().to(out.dtype), ref,
@@ -367,14 +386,8 @@ def _measure(spec: OpSpec, kern: Kernel, case: Case, device: str, o: _Output,
             and not ks.nonfinite_mismatch:
         # Is it a stable formulation the baseline or componentwise rule cannot tell? Measured
         # only here: the FP64 reference on perturbed inputs costs DRAWS more references.
-        d = p.spread(spec, case).get(o.name)
-        if d is not None and o.name == "out" and spec.cond_scale is not None:
-            d = d + conditioning.compute_unit(case.dtype) * spec.cond_scale(**p.exact,
-                                                                           **p.kwargs)
-        if d is not None:
-            c = spec.policy.cond_c + (float(spec.sum_len(case)) if spec.sum_len else 0.0)
-            rec.cond_ratio = conditioning.ratio(out, ref, d, ks.fmt, c, blocks,
-                                                conditioning.compute_unit(case.dtype))
+        rec.cond_ratio = _cond_ratio(spec, case, o, p, ks.fmt, blocks)
+        if rec.cond_ratio is not None:
             rec.status, rec.reason = Status.PENDING, ""
             verdict.judge(rec, spec.policy)
     if rec.status != Status.PASSED:

@@ -143,6 +143,16 @@ def block_sums(x: torch.Tensor, blocks=None) -> torch.Tensor:
     return torch.cat([_tile_sums(x3[i], tr, tc) for i in range(b)]) if b else x.new_zeros(0)
 
 
+def block_index(shape: torch.Size, blocks=None) -> torch.Tensor:
+    """The flat block index (``block_sums`` order) of every element of a tensor of ``shape``."""
+    b, r, c, tr, tc = _grid(shape, blocks)
+    rt, ct = -(-r // tr), -(-c // tc)
+    rows = torch.arange(r).div(tr, rounding_mode="floor").view(1, r, 1)
+    cols = torch.arange(c).div(tc, rounding_mode="floor").view(1, 1, c)
+    stack = torch.arange(b).view(b, 1, 1)
+    return (stack * rt * ct + rows * ct + cols).reshape(shape)
+
+
 def _out_ordinal(o: torch.Tensor, o64: torch.Tensor, f: formats.Format) -> torch.Tensor:
     """Signed ordinal of out's values; straight from the bits when out is stored in fmt itself."""
     if f.torch is o.dtype and o.dtype in _INT_VIEW:

@@ -17,7 +17,7 @@ from numcheck.ops.softmax import (DIMS, cross_entropy_baseline, cross_entropy_re
 from numcheck.variants import (cross_entropy_unfused, log_softmax_two_pass_fp32,
                                softmax_blocked_sum, softmax_cascaded_sum, softmax_fp32_upcast,
                                softmax_online)
-from _support import gen, quiet_verify
+from _support import Finding, gen, quiet_verify
 
 pytestmark = pytest.mark.filterwarnings("ignore:Mismatch dtype")
 
@@ -228,6 +228,15 @@ def test_fp32_loss_from_bf16_logits_is_judged_in_fp32():
 
 # ---- findings: torch's measured behaviour, pinned (a change means torch changed) ---------------
 
+_X86 = "x86 CPUs (AMD EPYC AVX2 under avx2 and default, AVX512-BF16 measured)"
+SOFTMAX_LANES = Finding("softmax sums in 16 fp32 lane accumulators", {"torch": ("2.13",)}, _X86)
+SOFTMAX_BACKWARD = Finding("softmax backward y (g - sum(g y)) cancels on near-one-hot rows",
+                           {"torch": ("2.13",)}, _X86)
+HALF_LOG_SOFTMAX = Finding("bf16/fp16 log_softmax rounds sum(exp) to the input dtype",
+                           {"torch": ("2.13",)}, _X86)
+FP16_CE_INF = Finding("fp16 cross_entropy is inf near +-65504", {"torch": ("2.13",)}, _X86)
+
+
 def test_finding_torch_softmax_lane_sum_error_grows_with_rows():
     """torch's CPU softmax sums exp(x - m) in 16 fp32 lane accumulators: at D = 4096 (student_t
     rows) its worst row errs by ~30 u, where torch.sum (cascaded) gives ~5 u and a left-to-right
@@ -245,7 +254,9 @@ def test_finding_torch_softmax_lane_sum_error_grows_with_rows():
     torch_err = worst_row(torch.softmax(x, -1))
     cascade = worst_row(e / e.sum(-1, keepdim=True))
     loop = worst_row(e / seq_sum(e, -1))
-    assert torch_err > 3 * cascade and loop > 3 * torch_err, (torch_err, cascade, loop)
+    assert torch_err < loop, (torch_err, cascade, loop)  # any CPU: within the baselines' bound
+    SOFTMAX_LANES.expect(torch_err > 3 * cascade and loop > 3 * torch_err,
+                         f"worst row {torch_err:.1f} u, cascade {cascade:.1f}, loop {loop:.1f}")
 
 
 def test_finding_standard_softmax_backward_cancels_on_near_one_hot_rows():
@@ -261,7 +272,7 @@ def test_finding_standard_softmax_backward_cancels_on_near_one_hot_rows():
     xt = x64.float().requires_grad_()
     (gt,) = torch.autograd.grad(torch.softmax(xt, -1), xt, g)
     rel = abs(gt[0, 0].item() - gr[0, 0].item()) / abs(gr[0, 0].item())
-    assert rel > 0.05
+    SOFTMAX_BACKWARD.expect(rel > 0.05, f"dominant element's gradient {rel:.3f} relative error")
 
 
 def test_finding_torch_half_log_softmax_rounds_the_sum():
@@ -273,8 +284,10 @@ def test_finding_torch_half_log_softmax_rounds_the_sum():
     it, since the bound has no format-aware term for fp32-accumulated sums."""
     x = torch.tensor([[0.0, -8.0, -20.0, -20.0]])
     ref = log_softmax_reference(x.double())
+    rounds = True
     for dt in (torch.bfloat16, torch.float16):
-        assert torch.log_softmax(x.to(dt), -1)[0, 0].item() == 0.0
+        got = torch.log_softmax(x.to(dt), -1)[0, 0].item()
+        rounds &= HALF_LOG_SOFTMAX.expect(got == 0.0, f"{dt} log p = -3.354e-4 comes out {got}")
         assert torch.log_softmax(x.to(dt).float(), -1)[0, 0].item() == pytest.approx(
             ref[0, 0].item(), abs=2e-7)  # fp32 inside: one fp32 step of the sum
     assert formats.round_to(ref[0, :1], "bf16").item() != 0.0
@@ -283,9 +296,13 @@ def test_finding_torch_half_log_softmax_rounds_the_sum():
     kern = kernels("cross_entropy")["torch"]
     v = _verify("cross_entropy", kern, case_ids=["bf16-2x4096-outlier_channels-s0-argmax"])
     out = next(r for r in v.records if r.output == "out")
-    assert out.status == "passed" and out.kernel_stats.rel_l2 == 1.0
+    assert out.status == "passed"
+    HALF_LOG_SOFTMAX.expect(out.kernel_stats.rel_l2 == 1.0,
+                            f"bf16 confident-row loss is 0 (rel_l2 {out.kernel_stats.rel_l2})")
     v = _verify("cross_entropy", kern, cases="full", case_ids=["fp16-8x128-student_t-s1-argmax"])
-    assert [r.status for r in v.records] == ["passed", "known"], v.summary()
+    # numcheck's verdict: the declared known failure where torch rounds (else it must pass)
+    assert [r.status for r in v.records] == ["passed", "known" if rounds else "passed"], \
+        v.summary()
 
 
 def test_finding_fp16_log_probabilities_overflow():
@@ -296,7 +313,9 @@ def test_finding_fp16_log_probabilities_overflow():
     t = torch.tensor([1, 2])
     ref = cross_entropy_reference(logits.double(), t)
     assert formats.round_to(ref.view(1), "fp16").isfinite().all() and ref.item() > 60000
-    assert torch.isinf(F.cross_entropy(logits, t))
+    got = F.cross_entropy(logits, t)
+    FP16_CE_INF.expect(bool(torch.isinf(got)),
+                       f"fp16 cross_entropy {got.item()} (true {ref.item():.0f})")
     assert torch.isfinite(F.cross_entropy(logits.float(), t))
     assert not any(c.dtype == "fp16" and c.dist == "wide_range"
                    for c in get_op("cross_entropy").grid("full"))

@@ -332,9 +332,9 @@ NVFP4_QDQ = OpSpec(
     # 16-element block. A scale one binade off (saturation or a lost bit), truncation (rz's rms
     # error is 2x RNE's) or the inverse tensor scale fail it; a NaN from a zero block fails the
     # non-finite rule.
-    # cond_c / truncation_ulp None: perturbing x moves elements across e2m1 steps (a whole
+    # cond_c None, no truncation gate: perturbing x moves elements across e2m1 steps (a whole
     # quantization step, no rounding-sized allowance), and a lossy result is not one rounding
-    Policy(baseline_k=1.25, cond_c=None, truncation_ulp=None,
+    Policy(baseline_k=1.25, cond_c=None, auto_truncation=False,
            notes="SQNR gap to the exact NVFP4 quantizer, k = 1.25"),
     blocks=_nvfp4_blocks,
     doc="nvfp4_qdq(x, two_d=False): NVFP4 fake-quant (e2m1, e4m3 scale per 16 along the last "

@@ -13,10 +13,11 @@ half bit grows the error by 19% or 41% of itself. Calibration: docs/golden-slack
         E = max(old kernel error, old baseline error): the baseline's error is the yardstick;
         S_E = 0.1 for bf16/fp16 results, 2.0 for fp32 (summation order alone moves fp32 error)
     non-finite: any NaN/inf beyond the golden's, or a new class mismatch
-    another platform than the golden's envelope (golden.platform_of): the error metrics and max
-        ULP may exceed the slack by the cross-platform slack (CROSS_*): "drift", not failing
     max ULP (ops whose policy gates ULPs): may grow by max(1, ceil(old / 4))
-    |mean ULP toward larger magnitude| (ops gated for truncation): max(0.1, 4 / sqrt(n))
+    |mean ULP toward larger magnitude| (rows gated for truncation): max(0.1, 4 / sqrt(n))
+    on a platform outside the golden's envelope (golden.platform_of): the error metrics, max
+        ULP and the bias may exceed that by the cross-platform slack (CROSS_*): "drift",
+        reported and never failing
     plus each family's own golden rules (numcheck.verdict: curves leaving their band)
 
 Changed inputs (digest differs) are reported as such, never as a regression or improvement.

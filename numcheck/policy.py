@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from . import formats
 from .conditioning import compute_unit
 from .records import Record
-from .stats import ErrorStats
+from .errorstats import ErrorStats
 
 # FlashAttention's own tests: error vs the fp32 reference <= 2x that of the same-precision
 # PyTorch composition (tests/test_flash_attn.py, "out - out_ref ... <= 2 * (out_pt - out_ref)").

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any
 
-from .stats import ErrorStats
+from .errorstats import ErrorStats
 
 STAT_FIELDS = tuple(f.name for f in dataclasses.fields(ErrorStats))
 STAT_SIDES = {"kernel_stats": "kernel", "baseline_stats": "baseline"}

@@ -4,6 +4,12 @@ from __future__ import annotations
 import pytest
 import torch
 
+from numcheck import _allocator
+
+
+def pytest_configure(config):
+    _allocator.tune()  # the allocator `numcheck run` gives the suites (numcheck/_allocator.py)
+
 
 @pytest.fixture(scope="module")
 def one_thread():

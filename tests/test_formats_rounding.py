@@ -506,3 +506,42 @@ def test_python_float_is_rounded_once():
     x = 1 + 2**-8 + 2**-40  # just above the bf16 midpoint between 1 and 1 + 2^-7
     assert float(nc.round_to(x, "bf16")) == 1 + 2**-7
     assert nc.round_to([x], "bf16").tolist() == [1 + 2**-7]
+
+
+def _grid_probes(f) -> torch.Tensor:
+    """Every binade from below the subnormals to beyond overflow: grid points, midpoints and
+    their float64 neighbours (up to 512 per binade), random magnitudes over 2^-160..2^160, and
+    the special values; both signs."""
+    g = torch.arange(0, 1 << min(f.mbits + 1, 9), dtype=torch.float64) * 0.5
+    xs = []
+    for e in range(f.emin - f.mbits - 3, f.emax + 3):
+        v = (g * 2.0 ** (e - f.mbits) + 2.0**e)
+        xs += [v, v.nextafter(torch.tensor(0.0, dtype=torch.float64)),
+               v.nextafter(torch.tensor(float("inf"), dtype=torch.float64))]
+    gen = torch.Generator().manual_seed(0)
+    xs.append(torch.randn(20000, generator=gen, dtype=torch.float64)
+              * 2.0 ** torch.randint(-160, 160, (20000,), generator=gen).double())
+    xs.append(torch.tensor([0.0, float("inf"), float("nan"), f.max, 1e308, 5e-324,
+                            f.min_subnormal / 2], dtype=torch.float64))
+    x = torch.cat(xs)
+    return torch.cat([x, -x])
+
+
+@pytest.mark.parametrize("name", [n for n, f in formats.FORMATS.items()
+                                  if n != "fp64" and formats._has_fast_rne(f, "rne")])
+@pytest.mark.parametrize("saturate", [True, False])
+def test_fast_rne_equals_the_general_path(name, saturate):
+    # round_to's rne path rounds by float64 addition; the general path (kept for rz/rna/sr,
+    # e8m0 and unsigned formats) by the integer/fraction split: bit for bit the same values.
+    f = formats.get(name)
+    x = _grid_probes(f)
+    fast, fast_ord = formats.round_with_ordinal(x, f, "rne", saturate)
+    slow, slow_ord = formats._round_general(x, f, "rne", saturate, None)
+    same = (fast.view(torch.int64) == slow.view(torch.int64)) | (fast.isnan() & slow.isnan())
+    assert bool(same.all()), x[~same][:5]
+    # ordinals of finite results; the general path gives a saturated inf ordinal 0 (its magnitude
+    # is zeroed before rounding), the fast path the ordinal of max, which is the right one.
+    check = torch.isfinite(slow) & torch.isfinite(x)
+    assert torch.equal(fast_ord[check], slow_ord[check])
+    sat_inf = torch.isinf(x) & torch.isfinite(fast)
+    assert torch.equal(fast_ord[sat_inf].abs(), formats.ordinal(fast[sat_inf], f).abs())

@@ -1,11 +1,10 @@
 """Built-in convergence suite: one test per (model, recipe) of the case set.
 
 Each test trains the model under the recipe for every seed of the case set, paired with the fp32
-reference and the bf16 baseline (computed once per (model, seed) in the process and cached), and
-runs the gate (numcheck.convergence.gate). Tests are not grouped under xdist: a worker that
-lacks a model's fp32/bf16 references recomputes them (6-9 ms a step: seconds), which costs less
-than the imbalance of one worker running every recipe of a transformer (measured: 5.0 min
-wall grouped, quick set).
+reference and the bf16 baseline (computed once per (model, seed) in the session: under xdist the
+workers share them through a folder of the session's base temp, ``share_references``), and
+runs the gate (numcheck.convergence.gate). Tests are not grouped under xdist: one worker running
+every recipe of a transformer left the other idle (measured: 5.0 min wall grouped, quick set).
 
 quick: 3 seeds x 100 steps on mlp (every recipe), 3 x 60 on tiny_lm and tiny_dit (a subset:
 FP8 tensor-wise, NVFP4 with RHT+SR, torchao FP8); measured 2.5 min at -n 2 on 2 cores. Every
@@ -15,12 +14,13 @@ model, 5 seeds x 200 steps.
 """
 from __future__ import annotations
 
+import os
 import warnings
 
 import pytest
 
 from numcheck.convergence.recipes import DEFAULT_RECIPES
-from numcheck.convergence.run import converge
+from numcheck.convergence.run import converge, share_references
 from numcheck.plugin import case_set
 
 QUICK = {
@@ -47,7 +47,16 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
         metafunc.parametrize("conv_case", list(_items(case_set(metafunc.config))))
 
 
-def test_convergence(conv_case, request, numcheck):
+@pytest.fixture(scope="session")
+def shared_references(tmp_path_factory):
+    # Under xdist a worker's base temp is a folder of the session's base temp (shared by the
+    # workers); in one process the base temp itself is the session's.
+    base = tmp_path_factory.getbasetemp()
+    share_references((base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base)
+                     / "convergence-references")
+
+
+def test_convergence(conv_case, request, numcheck, shared_references):
     model, recipe = conv_case
     cs = case_set(request.config)
     with warnings.catch_warnings():

@@ -17,9 +17,12 @@ runs where goldens are compared (numcheck's golden store).
 """
 from __future__ import annotations
 
+import json
 import math
+import os
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import numpy as np
 
@@ -34,7 +37,7 @@ from .records import to_records
 from .rules import table
 from .train import train
 
-__all__ = ["RUN_SETTINGS", "ConvergenceRun", "converge", "reference_run"]
+__all__ = ["RUN_SETTINGS", "ConvergenceRun", "converge", "reference_run", "share_references"]
 
 # quick: 3 seeds x 100 steps on every model (CI minutes on 2 cores); full: 5 seeds x 200 steps.
 # 3 seeds is the fewest that gives a seed band at all; 100 steps is 4 windows after warm-up.
@@ -42,14 +45,55 @@ RUN_SETTINGS = {"quick": {"steps": 100, "seeds": (0, 1, 2)},
              "full": {"steps": 200, "seeds": (0, 1, 2, 3, 4)}}
 
 _REF_CACHE: dict[tuple, dict] = {}
+_SHARED_DIR: Path | None = None
+_ARRAYS = ("loss", "grad_norm", "sat", "grad_bias")
+
+
+def share_references(directory) -> None:
+    """Keep reference runs in ``directory`` as well, for other processes of the same session
+    (pytest-xdist workers): the second worker that needs a (model, seed) reads it instead of
+    training it again (6-9 s per transformer and recipe pair of references at quick settings),
+    and one that needs it while another trains it waits for that run (an exclusive lock per
+    run; without fcntl, as on Windows, each process trains its own). The directory must be
+    private to one session of one numcheck and torch build: nothing in it is keyed by version.
+    """
+    global _SHARED_DIR
+    _SHARED_DIR = Path(directory)
+    _SHARED_DIR.mkdir(parents=True, exist_ok=True)
 
 
 def reference_run(model: str, name: str, seed: int, steps: int, device: str = "cpu") -> dict:
-    """The fp32 or bf16 run of (model, seed, steps, device), computed once per process."""
+    """The fp32 or bf16 run of (model, seed, steps, device), computed once per process (once
+    per session with ``share_references``)."""
     key = (model, name, seed, steps, device)
     if key not in _REF_CACHE:
-        _REF_CACHE[key] = train(model, resolve(name), seed, steps, device)
+        _REF_CACHE[key] = (_shared_run(key) if _SHARED_DIR is not None
+                           else train(model, resolve(name), seed, steps, device))
     return _REF_CACHE[key]
+
+
+def _shared_run(key: tuple) -> dict:
+    model, name, seed, steps, device = key
+    path = _SHARED_DIR / f"{model}-{name}-seed{seed}-steps{steps}-{device}.npz"
+    try:
+        import fcntl
+    except ImportError:
+        fcntl = None
+    with open(path.with_suffix(".lock"), "w") as lock:
+        if fcntl is not None:
+            fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes
+        if path.exists():
+            with np.load(path) as z:
+                run = {k: z[k] for k in _ARRAYS}
+                run["sat_by_role"] = json.loads(str(z["sat_by_role"]))
+                run["seconds"] = 0.0  # trained by another process
+            return run
+        run = train(model, resolve(name), seed, steps, device)
+        tmp = path.with_suffix(".tmp.npz")
+        np.savez(tmp, **{k: run[k] for k in _ARRAYS},
+                 sat_by_role=np.array(json.dumps(run["sat_by_role"])))
+        os.replace(tmp, path)  # readers never see a half-written file
+        return run
 
 
 @dataclass
@@ -170,8 +214,10 @@ def converge(model: str, recipes=None, steps: int | None = None, seeds=None,
         wanted = {n: None for n in recipes}
     wanted = {"fp32": None, "bf16": None, **wanted}
     t0 = time.perf_counter()
-    results: dict[str, RecipeResult] = {}
-    for name, value in wanted.items():
+    results: dict[str, RecipeResult] = {n: None for n in wanted}
+    # The recipes train first, the references last: under pytest-xdist another worker has often
+    # trained (and shared) them by then (share_references).
+    for name, value in sorted(wanted.items(), key=lambda kv: kv[0] in ("fp32", "bf16")):
         spec = resolve(name, value)
         res = RecipeResult(spec)
         results[name] = res
@@ -202,7 +248,6 @@ def converge(model: str, recipes=None, steps: int | None = None, seeds=None,
             _judge(res, ref, bf16, steps)
     run = ConvergenceRun(model, steps, seeds, device, results, time.perf_counter() - t0)
     if out_dir is not None:
-        from pathlib import Path
         d = Path(out_dir)
         d.mkdir(parents=True, exist_ok=True)
         run.plot(d / f"{model}.png")

@@ -2,8 +2,10 @@
 
 Builds OLD from rows shaped like the shipped ops golden (every stat column filled), NEW from
 the same rows with small noise and 1% regressions, writes both with numcheck's own writer, then
-times the command end to end (process start, reading, comparing, printing) and the in-process
-read + compare. Prints one line per measurement.
+times the command end to end (process start, imports, reading, comparing, printing; target
+<= 1 s) and in process what it runs: read both, compare (``regression.compare_tables``: the
+verdicts on whole columns, compare_row for the changed rows' messages). Prints one line per
+measurement. Where start-up dominates: ``python -X importtime -m numcheck compare OLD NEW``.
 
     .venv/bin/python bench/bench_golden_compare.py [N]
 """
@@ -19,7 +21,7 @@ from pathlib import Path
 
 from numcheck import golden
 from numcheck.records import Record
-from numcheck.regression import compare_row
+from numcheck.regression import compare_tables
 
 
 def _row(i: int, rel: float) -> dict:
@@ -52,12 +54,12 @@ def main(n: int) -> None:
         print(f"rows {n}: old {po.stat().st_size / 2**20:.1f} MiB, new "
               f"{pn.stat().st_size / 2**20:.1f} MiB")
         t0 = time.perf_counter()
-        a, b = golden.read(po), golden.read(pn)
+        (a, _), (b, _) = golden.read_table(po, results=True), golden.read_table(pn, results=True)
         t1 = time.perf_counter()
-        changes = [compare_row(a.rows.get(k), row) for k, row in b.rows.items()]
+        changes, unchanged = compare_tables(a, b)
         t2 = time.perf_counter()
         print(f"in process: read both {t1 - t0:.2f} s, compare {t2 - t1:.2f} s, "
-              f"{sum(c.regressed for c in changes)} regressed")
+              f"{sum(c.regressed for c in changes)} regressed, {unchanged} same")
         t0 = time.perf_counter()
         res = subprocess.run([sys.executable, "-m", "numcheck", "compare", str(po), str(pn)],
                              capture_output=True, text=True, check=False)

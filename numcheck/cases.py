@@ -11,7 +11,6 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 from .errors import UsageError
-from .inputs import case_id, pairwise
 
 CASE_SETS = ("quick", "full")
 FULL_SEEDS = (0, 1, 2)  # three seeds separate a real regression from one unlucky draw
@@ -36,6 +35,10 @@ class Case:
 
     @property
     def id(self) -> str:
+        # inputs imports torch and hypothesis: imported where used, so that this module (the
+        # case-set names: the CLI's choices) loads without them
+        from .inputs import case_id
+
         return case_id(dtype=self.dtype, shape=self.shape, dist=self.dist, seed=self.seed,
                        **dict(self.params))
 
@@ -85,6 +88,8 @@ class Grid:
         return self.transform(c) if self.transform else c
 
     def __call__(self, cases: str) -> list[Case]:
+        from .inputs import pairwise  # see Case.id
+
         check_case_set(cases)
         if cases == "quick":
             rows, seeds = pairwise(self.factors), (0,)

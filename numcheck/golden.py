@@ -149,13 +149,18 @@ def _remedy(path: Path) -> str:
             f"rerun with --numcheck-refresh to record it again")
 
 
-def read(path: str | Path, *, results: bool = False) -> GoldenFile:
-    """Load a golden (or results) file; a missing file is an empty GoldenFile."""
+def read_table(path: str | Path, *, results: bool = False) -> tuple[pa.Table, dict] | None:
+    """A golden (or results) file as one arrow table and its provenance; None when there is no
+    such file. The table holds the golden columns (every column with ``results``); a schema-1
+    file's rows get their ``platforms`` from its provenance. GoldenError for a bad file."""
     path = Path(path)
     if not path.exists():
-        return GoldenFile(path)
+        return None
     try:
-        table = pq.read_table(path)
+        # ParquetFile, not pq.read_table: the latter goes through pyarrow.dataset, whose import
+        # alone costs more than reading a 100k-row golden
+        with pq.ParquetFile(path) as f:
+            table = f.read()
     except Exception as e:  # ArrowInvalid, OSError: truncated, corrupt or not parquet at all
         raise GoldenError(f"{path}: not a readable parquet file ({type(e).__name__}: {e}); "
                           f"{_remedy(path)}") from e
@@ -177,15 +182,22 @@ def read(path: str | Path, *, results: bool = False) -> GoldenFile:
     missing = [c for c in COLUMNS if c not in cols_here]
     if missing:
         raise GoldenError(f"{path}: missing golden columns {missing[:5]}; {_remedy(path)}")
-    if not results:
-        table = table.select(list(COLUMNS))
+    return (table if results else table.select(list(COLUMNS))), prov
+
+
+def read(path: str | Path, *, results: bool = False) -> GoldenFile:
+    """Load a golden (or results) file as rows by key; a missing file is an empty GoldenFile."""
+    got = read_table(path, results=results)
+    if got is None:
+        return GoldenFile(Path(path))
+    table, prov = got
     cols = table.to_pydict()  # column-wise conversion: several times faster than to_pylist
     names = list(cols)
     rows = {}
     for values in zip(*cols.values()):
         row = dict(zip(names, values))
         rows[key_of(row)] = row
-    return GoldenFile(path, rows, prov, True)
+    return GoldenFile(Path(path), rows, prov, True)
 
 
 # --- platforms and envelopes ---------------------------------------------------------------------

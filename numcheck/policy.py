@@ -22,10 +22,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-from . import formats
-from .conditioning import compute_unit
-from .records import Record
 from .errorstats import ErrorStats
+from .records import Record
 
 # FlashAttention's own tests: error vs the fp32 reference <= 2x that of the same-precision
 # PyTorch composition (tests/test_flash_attn.py, "out - out_ref ... <= 2 * (out_pt - out_ref)").
@@ -100,6 +98,11 @@ def judge(policy: Policy, k: ErrorStats, b: ErrorStats | None, *, what: str = "o
     None where not measured: <= 1 turns the baseline and componentwise rules into notes.
     gate_bias: whether the truncation rule binds (``rounded_once``); None: the policy says.
     """
+    # formats and conditioning import torch: imported here, so that OP_RULES loads without it
+    # (numcheck.verdict hands it to the readers of goldens, numcheck compare and report)
+    from . import formats
+    from .conditioning import compute_unit
+
     v = verdict or Verdict()
     stable = cond_ratio is not None and cond_ratio <= 1.0  # NaN is not stable
 
@@ -183,6 +186,8 @@ def rounded_once(policy: Policy, k: ErrorStats, compute_u: float, grad: bool) ->
     mean of fewer cannot tell truncation's -0.5 from RNE's noise at 3 standard errors). An op
     whose policy sets truncation_ulp is gated on every forward output; auto_truncation=False
     exempts lossy quantizers (their result is no rounding of an exact value)."""
+    from . import formats  # imports torch (see judge)
+
     if grad:
         return False
     if policy.truncation_ulp is not None:  # the op asks for it on every forward output
@@ -210,8 +215,7 @@ class OpRules:
         record.notes = " | ".join(v.notes)
         return v.failures
 
-    def golden(self, old: dict, new: dict) -> tuple[list[str], list[str]]:
-        return [], []  # the common statistics rules (numcheck.regression) are the ops' rules
+    golden = None  # the common statistics rules (numcheck.regression) are the ops' rules
 
     def section(self, records: list[Record], plot_path=None) -> str:
         return ""  # the report's worst-cases table covers every family with error statistics

@@ -26,9 +26,14 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+from typing import Callable
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
 
 from . import golden, verdict
-from .golden import PLATFORM_SEP, platform_difference, platforms_of
+from .golden import KEY, PLATFORM_SEP, platform_difference, platforms_of
 from .records import family_of_row
 
 # Constants measured in docs/golden-slack-calibration.md (bench/calibrate_golden_slack.py,
@@ -130,7 +135,10 @@ def _fmt(x) -> str:
 def _block_rel(db: float | None) -> float:
     if db is None or _nan(db):
         return math.nan
-    return 0.0 if db == math.inf else 10.0 ** (-db / 20.0)
+    try:
+        return 0.0 if db == math.inf else 10.0 ** (-db / 20.0)
+    except OverflowError:  # below -6165 dB: an error beyond the largest float
+        return math.inf
 
 
 def error_slack(old: float, yardstick: float, n: int, u: float) -> float:
@@ -172,7 +180,8 @@ def compare_row(old: dict | None, new: dict, family: str | None = None) -> Chang
         return Change(key, "inputs_changed", [
             f"input digest {old['input_digest']} -> {new['input_digest']}: the case's inputs "
             "changed (generator, distribution or op input builder); refresh the golden"], old, new)
-    worse, better = verdict.rules(family or family_of_row(new)).golden(old, new)
+    family_golden = verdict.rules(family or family_of_row(new)).golden
+    worse, better = family_golden(old, new) if family_golden else ([], [])
     if new.get("status") == "error" and old.get("status") != "error":
         worse.append(f"the kernel now fails to run ({old.get('status')} -> error)")
     if new.get("kernel_n") is None or old.get("kernel_n") is None:
@@ -255,3 +264,311 @@ def _verdict(key, worse, better, old, new) -> Change:
     if better:
         return Change(key, "improved", better, old, new)
     return Change(key, "same", [], old, new)
+
+
+# --- whole tables at once (numcheck compare) ----------------------------------------------------
+
+def compare_tables(old: pa.Table, new: pa.Table, *, same: bool = False
+                   ) -> tuple[list[Change], int]:
+    """``numcheck compare``: the Changes of the rows that changed (every row with ``same``), and
+    the number of unchanged rows left out. A row of ``new`` is compared with ``old``'s row of its
+    key; a key only ``old`` has is a Change of kind "removed". The verdicts come from
+    ``compare_kinds`` (whole columns); ``compare_row`` gives the listed rows their messages."""
+    o, n, kinds = compare_kinds(old, new)
+    listed = np.arange(len(kinds)) if same else np.flatnonzero(kinds != "same")
+    changes = []
+    for a, b in zip(_dicts(old, o[listed]), _dicts(new, n[listed])):
+        c = Change(golden.key_of(a), "removed", ["row not in NEW"], a, None) if b is None else \
+            compare_row(a, b, b.get("family"))
+        if same or c.kind != "same":  # (rows whose family judges them may be the same)
+            changes.append(c)
+    return changes, len(kinds) - len(changes)
+
+
+def compare_kinds(old: pa.Table, new: pa.Table) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The golden verdict of every key of two golden (or results) tables, on whole columns:
+    ``(row of old, row of new, kind)`` per key, row -1 where that side has none (of several rows
+    with one key the last counts, as in ``golden.read``). ``kind`` is ``compare_row(old row, new
+    row).kind``, "removed" for a key only ``old`` has, and None where the row's family has golden
+    rules of its own (``Rules.golden``; ``compare_row`` judges those rows).
+    tests/test_golden_compare_vectorized.py holds it to ``compare_row`` row by row."""
+    o, n = _outer_join(old, new)
+    col = _Columns(old, o, new, n)
+    with np.errstate(all="ignore"):  # NaN and inf propagate as in compare_row's float maths
+        worse, better, drift = _common_rules(col)
+    kinds = np.array(["same", "improved", "drift", "regressed"], dtype=object)[
+        np.where(worse, 3, np.where(drift, 2, np.where(better, 1, 0)))]
+    own_rules = _per_distinct(lambda *v: verdict.rules(family_of_row(dict(zip(
+        ("family", "series", "suite", "op"), v)))).golden is not None, bool,
+        col.codes("new:family"), col.present("new:series"), col.codes("new:suite"),
+        col.codes("new:op"))
+    kinds[own_rules] = None
+    kinds[_inputs_changed(old, o, new, n)] = "inputs_changed"
+    kinds[o < 0] = "new"
+    kinds[n < 0] = "removed"
+    return o, n, kinds
+
+
+def _common_rules(col: _Columns) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """compare_row's common statistics rules on columns: (worse, better, drift) per key."""
+    o_status, n_status = col.strings("old:status"), col.strings("new:status")
+    status_error = (n_status == "error") & (o_status != "error")
+    runs_again = (o_status == "error") & np.not_equal(n_status, None) & (n_status != "error")
+    stats = col.floats("old:kernel_n")[1] & col.floats("new:kernel_n")[1]
+    zero = col.zero_if_null  # `row.get(name) or 0`
+
+    o_nf = zero("old:kernel_n_nan") + zero("old:kernel_n_inf")
+    n_nf = zero("new:kernel_n_nan") + zero("new:kernel_n_inf")
+    o_mm, n_mm = zero("old:kernel_nonfinite_mismatch"), zero("new:kernel_nonfinite_mismatch")
+    worse = (n_nf > o_nf) | (n_mm > o_mm)
+    better = ~worse & ((n_nf < o_nf) | (n_mm < o_mm))
+    drift = np.zeros_like(worse)
+    foreign = _per_distinct(lambda a, b: _foreign({"platforms": a}, {"platforms": b}), bool,
+                            col.codes("old:platforms"), col.codes("new:platforms"))
+
+    def judge(applies, o, n_, slack, cross) -> None:  # compare_row's judge
+        exceeds = applies & ~(n_ <= o + slack)
+        drifts = exceeds & foreign & (n_ <= o + slack + cross)
+        drift[:] |= drifts
+        worse[:] |= exceeds & ~drifts
+        better[:] |= applies & ~exceeds & (n_ < o - slack)
+
+    u = zero("old:u")
+    kc, kn = zero("old:kernel_n_compared"), zero("old:kernel_n")
+    n = np.where(kc != 0, kc, np.where(kn != 0, kn, 1.0))
+    (o_rel, o_rel_ok), (n_rel, n_rel_ok) = col.floats("old:kernel_rel_l2"), col.floats(
+        "new:kernel_rel_l2")
+    yard = _max(zero("old:kernel_rel_l2"), zero("old:baseline_rel_l2"))
+    judge(o_rel_ok & n_rel_ok & np.isfinite(o_rel), o_rel, n_rel,
+          _error_slack(o_rel, yard, n, u), _cross_slack(yard, u))
+
+    n_blocks = zero("old:kernel_n_blocks")
+    nb = np.maximum(1.0, n // np.maximum(1.0, np.where(n_blocks != 0, n_blocks, 1.0)))
+    o_b = col.per_float(_block_rel, "old:kernel_min_block_sqnr_db")
+    n_b = col.per_float(_block_rel, "new:kernel_min_block_sqnr_db")
+    b_yard = _max(o_b, col.per_float(_block_rel, "old:baseline_min_block_sqnr_db"))
+    judge(np.isfinite(o_b) & ~np.isnan(b_yard), o_b, n_b,
+          _error_slack(o_b, b_yard, nb, u), _cross_slack(b_yard, u))
+
+    o_u, o_u_ok = col.floats("old:kernel_max_ulp")
+    n_u = col.floats("new:kernel_max_ulp")[0]  # NaN where None, as in compare_row
+    judge(col.flags("old:gate_ulp") & o_u_ok, o_u, n_u,
+          np.maximum(ULP_SLACK_MIN, np.ceil(ULP_SLACK_FRAC * o_u)), CROSS_ULP)
+
+    o_m, o_m_ok = col.floats("old:kernel_mag_bias_ulp")
+    o_m, n_m = np.abs(o_m), np.abs(col.floats("new:kernel_mag_bias_ulp")[0])
+    slack = _max(np.full_like(n, BIAS_SLACK), 4 / np.sqrt(n))
+    exceeds = col.flags("old:gate_bias") & o_m_ok & ~(n_m <= o_m + slack)
+    within_cross = foreign & (n_m <= _max(o_m + slack, np.full_like(n, CROSS_BIAS)))
+    drift |= exceeds & within_cross
+    worse |= exceeds & ~within_cross
+    worse |= (o_status == "passed") & ((n_status == "failed") | (n_status == "error"))
+
+    # without statistics on both sides compare_row stops after the status rules
+    return status_error | (stats & worse), np.where(stats, better, runs_again), stats & drift
+
+
+def _max(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """Python's max(a, b) elementwise, NaN included: b only where b > a."""
+    return np.where(b > a, b, a)
+
+
+def _error_slack(old, yardstick, n, u) -> np.ndarray:
+    """error_slack on columns: the same operations in the same order."""
+    spread = Z * old / np.sqrt(2 * np.maximum(n, 1))
+    return _max(_max(np.where(u >= 2.0 ** -11, S_E_LOW, S_E_FP32) * yardstick, spread), F * u)
+
+
+def _cross_slack(yardstick, u) -> np.ndarray:
+    """cross_slack on columns."""
+    per_e = np.where(u >= 2.0 ** -11, CROSS_E_LOW, CROSS_E_FP32) * yardstick
+    return np.where(yardstick < CROSS_EXACT_BELOW * u, CROSS_EXACT_U * u, per_e)
+
+
+def _inputs_changed(old: pa.Table, o: np.ndarray, new: pa.Table, n: np.ndarray) -> np.ndarray:
+    """Both rows carry an input digest (not None, not empty) and the digests differ."""
+    a, b = (t.column("input_digest").combine_chunks().take(_indices(rows))
+            for t, rows in ((old, o), (new, n)))
+    la, lb, differ = pc.binary_length(a), pc.binary_length(b), pc.not_equal(a, b)
+    given = _valid(la) & (_values(la) > 0) & _valid(lb) & (_values(lb) > 0)
+    return given & _values(differ)
+
+
+def _outer_join(old: pa.Table, new: pa.Table) -> tuple[np.ndarray, np.ndarray]:
+    """Rows of old and new with equal keys (golden.KEY), one pair per key, -1 where a side has
+    no row; of several rows with one key the last counts. Keys of new first, in its order."""
+    if _same_keys_once(old, new):  # a golden against its refresh: no hashing of the keys
+        rows = np.arange(new.num_rows)
+        return rows, rows
+    ids, groups = _dense(_combined([_encode(old, new, name) for name in KEY])[0])
+    last = np.full((2, groups), -1, dtype=np.int64)
+    np.maximum.at(last[0], ids[:old.num_rows], np.arange(old.num_rows))
+    np.maximum.at(last[1], ids[old.num_rows:], np.arange(new.num_rows))
+    in_new = np.sort(last[1][last[1] >= 0])
+    gone = np.sort(last[0][(last[0] >= 0) & (last[1] < 0)])
+    return (np.concatenate([last[0][ids[old.num_rows:][in_new]], gone]),
+            np.concatenate([in_new, np.full(len(gone), -1, dtype=np.int64)]))
+
+
+def _same_keys_once(old: pa.Table, new: pa.Table) -> bool:
+    """Do old and new hold the same keys in the same rows, each key once? Checked as row by
+    row equal and strictly increasing (golden.write and write_results sort rows by key)."""
+    if old.num_rows != new.num_rows:
+        return False
+    increasing = np.zeros(max(new.num_rows - 1, 0), dtype=bool)
+    tied = ~increasing
+    for name in KEY:
+        a, b = old.column(name).combine_chunks(), new.column(name).combine_chunks()
+        if a.null_count or b.null_count or a.type != b.type or \
+                not _values(pc.equal(a, b)).all():
+            return False
+        if len(b) > 1:
+            before, after = b.slice(0, len(b) - 1), b.slice(1)
+            increasing |= tied & _values(pc.less(before, after))
+            tied &= _values(pc.equal(before, after))
+    return bool(increasing.all())
+
+
+def _combined(columns: list[tuple[np.ndarray, int]]) -> tuple[np.ndarray, int]:
+    """One integer below ``size`` per row of coded columns ``(codes, how many codes)``, equal
+    where the rows' codes are: mixed radix, renumbered before it would overflow."""
+    ids, size = np.zeros(len(columns[0][0]), dtype=np.int64), 1
+    for codes, count in columns:
+        if size * count >= 2 ** 62:
+            ids, size = _dense(ids)
+        ids, size = ids * count + codes, size * count
+    return ids, size
+
+
+def _dense(ids: np.ndarray) -> tuple[np.ndarray, int]:
+    """Integers renumbered 0, 1, ... (equal stays equal) and how many."""
+    distinct, ids = np.unique(ids, return_inverse=True)
+    return ids.reshape(-1), len(distinct)
+
+
+def _encode(old: pa.Table, new: pa.Table, name: str) -> tuple[np.ndarray, int]:
+    """Codes of column ``name`` over old's rows then new's (equal values, equal codes; None is a
+    value of its own) and how many distinct values."""
+    column = pa.concat_arrays([old.column(name).combine_chunks(), new.column(name).combine_chunks(
+        ).cast(old.schema.field(name).type)]).dictionary_encode(null_encoding="encode")
+    return _values(column.indices).astype(np.int64), len(column.dictionary)
+
+
+def _per_distinct(fn: Callable, dtype: type, *columns: tuple[np.ndarray, list]) -> np.ndarray:
+    """``fn(*values)`` per row of coded columns (``_Columns.codes``), evaluated once per
+    distinct combination of values, as an array of ``dtype``."""
+    ids, size = _combined([(codes, len(values)) for codes, values in columns])
+    if size > 2 * len(ids) + 1024:  # more combinations than rows: number those that occur
+        ids, size = _dense(ids)
+    row = np.full(size, -1, dtype=np.int64)
+    row[ids] = np.arange(len(ids))  # a row of each combination (any: they are alike)
+    out = np.zeros(size, dtype=dtype)
+    for i in np.flatnonzero(row >= 0):
+        out[i] = fn(*(values[codes[row[i]]] for codes, values in columns))
+    return out[ids]
+
+
+class _Columns:
+    """The columns of old and new at the joined rows, by ``"old:<column>"`` / ``"new:<column>"``;
+    row -1 and a column the table lacks (``family`` in goldens) read as null."""
+
+    def __init__(self, old: pa.Table, o: np.ndarray, new: pa.Table, n: np.ndarray):
+        self._tables, self._rows = {"old": old, "new": new}, {"old": o, "new": n}
+        self._floats: dict[str, tuple[np.ndarray, np.ndarray]] = {}  # the rules reread some
+
+    def _get(self, key: str) -> tuple[pa.ChunkedArray | None, np.ndarray]:
+        side, name = key.split(":")
+        table = self._tables[side]
+        return (table.column(name) if name in table.column_names else None), self._rows[side]
+
+    def floats(self, key: str) -> tuple[np.ndarray, np.ndarray]:
+        """Values as float64 (NaN where null) and where they are not null."""
+        if key not in self._floats:
+            c, rows = self._get(key)
+            if c is None:
+                self._floats[key] = np.full(len(rows), np.nan), np.zeros(len(rows), dtype=bool)
+            else:
+                c = c.combine_chunks().cast(pa.float64())
+                ok = np.append(_valid(c), False)[rows]
+                self._floats[key] = np.where(ok, np.append(_values(c), np.nan)[rows], np.nan), ok
+        return self._floats[key]
+
+    def zero_if_null(self, key: str) -> np.ndarray:
+        """``row.get(name) or 0``: a number, 0 where null."""
+        v, ok = self.floats(key)
+        return np.where(ok, v, 0.0)
+
+    def flags(self, key: str) -> np.ndarray:
+        """A boolean column's truth (null is false)."""
+        c, rows = self._get(key)
+        if c is None:
+            return np.zeros(len(rows), dtype=bool)
+        c = c.combine_chunks()
+        return np.append(_values(c) & _valid(c), False)[rows]
+
+    def codes(self, key: str) -> tuple[np.ndarray, list]:
+        """Dictionary codes per row and the values they stand for (None: null, or no row)."""
+        c, rows = self._get(key)
+        if c is None:
+            return np.zeros(len(rows), dtype=np.int64), [None]
+        enc = c.combine_chunks().dictionary_encode(null_encoding="encode")
+        values = enc.dictionary.to_pylist() + [None]
+        return np.append(_values(enc.indices), len(values) - 1)[rows], values
+
+    def present(self, key: str) -> tuple[np.ndarray, list]:
+        """Codes of whether a row has a value (a curve stands in as []: ``family_of_row`` asks
+        only whether there is one)."""
+        c, rows = self._get(key)
+        if c is None:
+            return np.zeros(len(rows), dtype=np.int64), [None]
+        return np.append(_valid(c.combine_chunks()), False)[rows].astype(np.int64), [None, []]
+
+    def strings(self, key: str) -> np.ndarray:
+        """Values as an object array (None where null)."""
+        codes, values = self.codes(key)
+        return np.array(values, dtype=object)[codes]
+
+    def per_float(self, fn: Callable[[float | None], float], key: str) -> np.ndarray:
+        """``fn(value)`` per row of a float column (None where null), evaluated once per
+        distinct value: Python's float maths, where numpy's may differ in the last bit (``**``)."""
+        return _per_distinct(fn, np.float64, self.codes(key))
+
+
+# Arrow to numpy and back through buffers: Array.to_numpy, pa.array and Python scalars as compute
+# arguments import pandas where it is installed (arrow's conversion layer), half a second of
+# numcheck compare.
+_NUMPY = {pa.int32(): np.int32, pa.int64(): np.int64, pa.float64(): np.float64}
+
+
+def _bits(buffer: pa.Buffer, a: pa.Array) -> np.ndarray:
+    bits = np.unpackbits(np.frombuffer(buffer, np.uint8), bitorder="little")
+    return bits[a.offset:a.offset + len(a)].astype(bool)
+
+
+def _valid(a: pa.Array) -> np.ndarray:
+    """Where the array is not null."""
+    validity = a.buffers()[0]
+    return np.ones(len(a), dtype=bool) if validity is None or not len(a) else _bits(validity, a)
+
+
+def _values(a: pa.Array) -> np.ndarray:
+    """A boolean, int32, int64 or float64 array's values (whatever lies under its nulls)."""
+    if pa.types.is_boolean(a.type):
+        return _bits(a.buffers()[1], a) if len(a) else np.zeros(0, dtype=bool)
+    dtype = np.dtype(_NUMPY[a.type])
+    if not len(a):
+        return np.zeros(0, dtype=dtype)
+    return np.frombuffer(a.buffers()[1], dtype, len(a), a.offset * dtype.itemsize)
+
+
+def _indices(rows: np.ndarray) -> pa.Array:
+    """Row numbers as an arrow array for ``take``, null at row -1."""
+    rows = np.ascontiguousarray(rows, dtype=np.int64)
+    return pa.Array.from_buffers(pa.int64(), len(rows), [
+        pa.py_buffer(np.packbits(rows >= 0, bitorder="little")), pa.py_buffer(rows)])
+
+
+def _dicts(table: pa.Table, rows: np.ndarray) -> list[dict | None]:
+    """The rows of ``table`` as dicts (as golden.read gives them), None for row -1."""
+    got = iter(table.take(_indices(rows[rows >= 0])).to_pylist())
+    return [next(got) if r >= 0 else None for r in rows]

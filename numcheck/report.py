@@ -59,11 +59,12 @@ _ORDER = {"regressed": 0, "missing": 1, "inputs_changed": 2, "removed": 3, "new"
           "drift": 5, "merged": 6, "improved": 7, "same": 8}
 
 
-def change_table(changes: list, *, show_same: bool = False) -> str:
-    """``numcheck compare``: one line per changed row, regressions first."""
+def change_table(changes: list, *, show_same: bool = False, unchanged: int = 0) -> str:
+    """``numcheck compare``: one line per changed row, regressions first (``unchanged``: rows
+    left out of ``changes`` because they are the same, counted with them)."""
     rows = sorted((c for c in changes if show_same or c.kind != "same"),
                   key=lambda c: (_ORDER.get(c.kind, 9), tuple(map(str, c.key))))
-    counts = {}
+    counts = {"same": unchanged} if unchanged else {}
     for c in changes:
         counts[c.kind] = counts.get(c.kind, 0) + 1
     lines = [", ".join(f"{counts[k]} {k}" for k in sorted(counts, key=lambda k: _ORDER.get(k, 9)))

@@ -8,11 +8,17 @@ is one with a single leading underscore (``_round``), reached by ``from m import
 from __future__ import annotations
 
 import ast
+import json
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
 import numcheck
+from numcheck import golden
+from numcheck.errorstats import ErrorStats
+from numcheck.records import Record, Status
 
 PKG = Path(numcheck.__file__).parent
 
@@ -156,6 +162,58 @@ def test_no_import_cycles():
 def test_no_private_names_from_other_modules():
     private = import_graph()[1]
     assert not private, "private names used across modules:\n" + "\n".join(private)
+
+
+# The commands that read parquet, in a fresh interpreter: the modules they loaded.
+_READERS = """
+import sys
+from numcheck.cli import main
+old, new, results, report = sys.argv[1:]
+codes = [main(["compare", old, new]), main(["compare", "--all", old, new]), main(["show", old]),
+         main(["report", results]), main(["report", results, "--out", report])]
+print(codes, sorted(m for m in ("torch", "hypothesis", "pandas", "scipy", "matplotlib")
+                    if m in sys.modules))
+"""
+
+
+def _row(case: str, rel: float) -> Record:
+    stats = ErrorStats("bf16", 512, 512, 0, 0, 0, 4 * rel, rel, rel, 60.0, 1.0, 0.0, 1, 0.2, 1,
+                       0.0, 0.0, 57.0, 0, 4)
+    return Record(suite="s", op="rms_norm", kernel="torch", case_id=case, status=Status.PASSED,
+                  input_digest="ab", u=2.0 ** -8, kernel_stats=stats, baseline_stats=stats,
+                  platforms="cpu, AVX2, torch 2.13.0+cpu")
+
+
+def test_readers_of_parquet_leave_torch_alone(tmp_path):
+    """numcheck compare, show and report on ops goldens and results import neither torch nor
+    hypothesis, nor pandas, scipy, matplotlib: `numcheck compare` of two 100k-row goldens is
+    a second (bench/bench_golden_compare.py), torch's import alone two or more."""
+    files = [tmp_path / f for f in ("old.parquet", "new.parquet", "results.parquet", "r.md")]
+    for path, records in ((files[0], [_row("a", 1e-3), _row("b", 1e-3), _row("gone", 1e-3)]),
+                          (files[1], [_row("a", 1e-3), _row("b", 3e-3), _row("c", 1e-3)])):
+        golden.write(golden.GoldenFile(path),
+                     {golden.key_of(r): r for r in map(golden.to_row, records)}, {})
+    golden.write_results(files[2], [_row("b", 3e-3)], {"device_class": "cpu"})
+    out = subprocess.run([sys.executable, "-c", _READERS, *map(str, files)], capture_output=True,
+                         text=True, check=True).stdout.splitlines()[-1]
+    codes, loaded = out.split("] ")
+    assert json.loads(codes + "]") == [1, 1, 0, 0, 0]
+    assert loaded == "[]", f"a reader of parquet imported {loaded}"
+
+
+def test_import_numcheck_loads_its_public_names_on_first_use():
+    """``import numcheck`` is cheap; the public contract's names are all there, each what its
+    module defines."""
+    import numcheck as nc
+    from numcheck import catalog, formats, policy, run, stats
+
+    for name in nc.__all__:
+        assert getattr(nc, name) is not None and name in dir(nc)
+    assert nc.round_to is formats.round_to and nc.verify is run.verify
+    assert nc.kernel is catalog.kernel and nc.Policy is policy.Policy
+    assert nc.ErrorStats is stats.ErrorStats and nc.error_stats is stats.error_stats
+    with pytest.raises(AttributeError):
+        getattr(nc, "no_such_name")
 
 
 if __name__ == "__main__":  # python tests/test_imports.py: print the graph's cycles and leaks

@@ -1,7 +1,7 @@
 """Error statistics of a kernel's output against its FP64 reference: ``error_stats`` -> ErrorStats.
 
-One chunked pass over the pair keeps peak extra memory bounded (about 2^17 elements of float64
-temporaries at a time, plus one small record per block), on CPU and CUDA alike.
+One pass over the pair, in chunks of whole blocks, keeps peak extra memory bounded (a few
+chunk-sized buffers plus one small record per block), on CPU and CUDA alike.
 
 Definitions (each also in ErrorStats' field docs):
 
@@ -11,14 +11,43 @@ Definitions (each also in ErrorStats' field docs):
 * Elements where ``out`` or the rounded reference is non-finite are left out of every finite
   statistic; ``nonfinite_mismatch`` counts those whose class differs (NaN by class, inf by sign).
 * ``p99_ulp`` is the nearest-rank 99th percentile (the smallest u with at least 99% of compared
-  elements at or below u), exact, through integer histograms (a radix select), never a sort.
+  elements at or below u), exact, from integer counts, never a sort.
 * A zero reference gives defined values, never NaN: sqnr_db = +inf and rel_l2 = 0 when the
   error is zero too, else -inf and +inf; cosine = 1 when both vectors are zero, 0 when only one
   is; bias = 0 when there is no error, else +-inf.
+
+How. Each chunk takes one of two routes; both give the statistics defined above.
+
+* Fast, where out's dtype is fmt itself and its values are exact in fp32 (bf16, fp16, fp32,
+  fp8), and the chunk turns out all finite with its reference below fmt's overflow threshold
+  (read from the chunk's own sums and range, never assumed). The float statistics are fp64 dot
+  products and reductions of ``out - ref``. The ULP distance is integer arithmetic on fp32 bit
+  patterns: with s = 2^(-126 - emin), fmt's values times s are the fp32 values whose low
+  ``23 - mbits`` bits are zero, subnormals included, so fmt's ordinal is the fp32 ordinal shifted
+  right by that much; ref * s is rounded once to fp32, and for out and ref of one sign the
+  distance is (bits(out * s) - bits(ref * s) + half) >> shift, which rounds ref to nearest in the
+  same step. Two cases it cannot do are set aside and measured by the general route's rounding:
+  out and ref of opposite signs, and an fp32 value exactly halfway between two fmt values (the
+  float64 ref may lie on either side of it: rounding twice could go the wrong way).
+* General: everything else (non-finite values, overflow, fp64, e8m0, another grid than out's
+  dtype, a CPU that flushes subnormals): numcheck's own rounding (formats.round_with_ordinal) in
+  float64, masked.
+
+p99 comes from counts: a chunk whose largest distance is at most 2 ULP has its histogram fixed by
+its count, its nonzero count and its sum; other chunks add a bincount. Only a p99 in the
+histogram's clamped last bin (2^16 - 1 ULP; 511 on CUDA: a broken kernel) takes more passes
+(radix select). On CPU the chunks run on worker threads, one intra-op thread each (_map says
+why). On CUDA the general route runs compiled (torch.compile), a few fused kernels per 2^21
+elements; the chunks are its fallback where it cannot compile.
 """
 from __future__ import annotations
 
 import math
+import os
+import threading
+import warnings
+from concurrent.futures import ThreadPoolExecutor
+from typing import NamedTuple
 
 import torch
 
@@ -28,12 +57,21 @@ from .errorstats import ErrorStats
 
 DEFAULT_BLOCK = 1024  # flat block size when the caller gives none: 1 bad element in 1024 costs >= 30 dB
 BLOCK_ENERGY_EPS = 1e-4  # low-energy floor: blocks 40 dB below the median block are judged at that level
-_CHUNK = 1 << 17  # elements per step on CPU: float64 temporaries stay cache-sized
+# Elements per CPU step. The fast route makes ~30 passes over each chunk, which must stay in
+# cache; each pass also costs a few microseconds of dispatch, so chunks cannot be small either.
+# 2^16 measured best on an AMD EPYC (512 KiB L2/core, 2 threads): TODO measure
+_CHUNK = 1 << 17
 # On CUDA each step is a few dozen kernel launches and host syncs: 2^17 measured 150x slower
 # than assert_close on an H200 and 2^21 24x, but 2^21 peaked at 209 MiB (> 3x a 64 MiB
 # output); 2^20 halves the temporaries (~15 x 8 MiB).
 _CHUNK_CUDA = 1 << 20
 _DIGIT = 16  # radix-select digit width for the exact p99
+_ROW = 64  # the fast route sets rare elements aside with their rows of (at most) this many
+_SMALL = 2  # a chunk whose ULP distances are all <= 2 has its histogram from three counts
+_INT32_MIN = -(1 << 31)
+# Output dtypes whose every value is exact in fp32 (the fast route's out * s).
+_FP32_EXACT = (torch.bfloat16, torch.float16, torch.float32, torch.float8_e4m3fn,
+               torch.float8_e5m2)
 
 
 def _block_spec(shape: torch.Size, blocks) -> tuple[int, int, int, int, int]:
@@ -70,11 +108,17 @@ def _n_blocks(shape: torch.Size, blocks) -> int:
     return b * -(-r // tr) * -(-c // tc)
 
 
-def _chunk_size(device: torch.device) -> int:
-    return _CHUNK_CUDA if device.type == "cuda" else _CHUNK
+def _tile_sizes(shape: torch.Size, blocks) -> torch.Tensor:
+    """Elements per block (ragged edge blocks are smaller), flat, in block order; float64."""
+    b, r, c, tr, tc = _grid(shape, blocks)
+    rows = torch.full((-(-r // tr),), float(tr), dtype=torch.float64)
+    cols = torch.full((-(-c // tc),), float(tc), dtype=torch.float64)
+    rows[-1:] = r - (rows.numel() - 1) * tr
+    cols[-1:] = c - (cols.numel() - 1) * tc
+    return torch.outer(rows, cols).flatten().repeat(b)
 
 
-def _chunks(out: torch.Tensor, ref: torch.Tensor, blocks):
+def _chunks(out: torch.Tensor, ref: torch.Tensor, blocks, chunk: int | None = None):
     """Yield (out_chunk, ref_chunk, (tr, tc)): 2-D views (copies if strided).
 
     Chunks hold whole tiles and come in row-major tile order, so the tiles of consecutive chunks
@@ -84,7 +128,7 @@ def _chunks(out: torch.Tensor, ref: torch.Tensor, blocks):
         return
     b, r, c, tr, tc = _grid(out.shape, blocks)
     o3, r3 = out.reshape(b, r, c), ref.reshape(b, r, c)
-    chunk = _chunk_size(out.device)
+    chunk = chunk or (_CHUNK_CUDA if out.device.type == "cuda" else _CHUNK)
     if c * tr <= chunk:
         cstep = c
         rstep = max(tr, (chunk // max(c, 1)) // tr * tr)
@@ -104,6 +148,20 @@ def _tile_sums(x: torch.Tensor, tr: int, tc: int) -> torch.Tensor:
     if pr or pc:
         x = torch.nn.functional.pad(x, (0, pc, 0, pr))
     return x.reshape((rows + pr) // tr, tr, (cols + pc) // tc, tc).sum(dim=(1, 3)).flatten()
+
+
+def _tile_sumsq(x: torch.Tensor, tr: int, tc: int, out: torch.Tensor) -> None:
+    """out[:] = sums of x^2 over x's tr x tc tiles, without a temporary where the tiles fit."""
+    rows, cols = x.shape
+    if rows % tr or cols % tc:
+        out.copy_(_tile_sums(x * x, tr, tc))
+        return
+    if tr == 1 and x.is_contiguous():  # one reduced dim: 4x less dispatch than two
+        torch.linalg.vector_norm(x.view(-1, tc), dim=-1, out=out)
+    else:
+        torch.linalg.vector_norm(x.view(rows // tr, tr, cols // tc, tc), dim=(1, 3),
+                                 out=out.view(rows // tr, cols // tc))
+    out.square_()
 
 
 def block_sums(x: torch.Tensor, blocks=None) -> torch.Tensor:
@@ -132,7 +190,8 @@ def _out_ordinal(o: torch.Tensor, o64: torch.Tensor, f: formats.Format) -> torch
     return formats.ordinal(torch.where(torch.isfinite(o64), o64, 0.0), f)
 
 
-_INT_VIEW = {torch.bfloat16: torch.int16, torch.float16: torch.int16, torch.float32: torch.int32}
+_INT_VIEW = {torch.bfloat16: torch.int16, torch.float16: torch.int16, torch.float32: torch.int32,
+             torch.float8_e4m3fn: torch.int8, torch.float8_e5m2: torch.int8}
 
 
 def _apply_sign(mag: torch.Tensor, signed_bits: torch.Tensor) -> torch.Tensor:
@@ -148,73 +207,357 @@ def _classes(v: torch.Tensor) -> torch.Tensor:
     return torch.where(v == -math.inf, 3, cls)
 
 
-# Per-chunk partial sums, in this order (one device tensor per chunk, summed on the host once).
-_SUMS = ("n_compared", "n_nan", "n_inf", "mismatch", "s", "e2", "dot", "o2", "abs", "err",
-         "absref", "ulp", "sulp", "mulp")
+class _Part(NamedTuple):
+    """One chunk's statistics: exact integers and float64 sums, on the host."""
+
+    n_compared: int
+    n_nan: int
+    n_inf: int
+    mismatch: int
+    floats: tuple  # sum out*ref, sum out^2, sum err, sum |err|, sum |ref|, max |err|
+    ulps: tuple  # sum u, sum d, sum d toward larger magnitude, max u (u = |d|)
+    set_aside: tuple | None = None  # (out, ref): the fast route's elements for the general route
 
 
-def _chunk_fast(o, o64, r64, f, tr, tc):
-    """The common case, all finite and the reference inside f's normal range: pure bit arithmetic.
+class _Hist:
+    """The exact histogram of the ULP distances u = |d|, its last bin clamped (u >= 2^16 - 1).
 
-    The reference's RNE ordinal comes from its float64 bits by the classic carry trick: add half a
-    quantum minus one plus the kept LSB, shift the dropped bits out; carries walk into the
-    exponent as they should. Valid because min_normal <= |ref| <= max in this chunk.
+    A chunk whose u are all <= 2 adds three counts, fixed by its count, nonzero count and sum;
+    another adds a bincount into its thread's own copy. Integer sums: the order does not matter.
     """
-    k = 52 - f.mbits
-    bits = r64.view(torch.int64)
-    mag_bits = bits & 0x7FFFFFFFFFFFFFFF
-    r_ord = ((mag_bits + ((1 << (k - 1)) - 1) + ((mag_bits >> k) & 1)) >> k) \
-        - ((1023 + f.emin - 1) << f.mbits)
-    d = _out_ordinal(o, o64, f) - _apply_sign(r_ord, bits)
-    u = d.abs()
-    err = o64 - r64
-    e2, s2 = err * err, r64 * r64
-    abs_err = err.abs()
-    n = o64.numel()
-    sums = torch.stack([
-        torch.tensor(float(n), dtype=torch.float64, device=o64.device), *(
-            torch.zeros((), dtype=torch.float64, device=o64.device) for _ in range(3)),
-        s2.sum(), e2.sum(), (o64 * r64).sum(), (o64 * o64).sum(), abs_err.sum(), err.sum(),
-        r64.abs().sum(), u.sum().double(), d.sum().double(), _apply_sign(d, bits).sum().double()])
-    ones = torch.ones_like(s2)
-    return sums, abs_err.max(), u.max(), u, (_tile_sums(s2, tr, tc), _tile_sums(e2, tr, tc),
-                                             _tile_sums(ones, tr, tc))
+
+    def __init__(self, device: torch.device, bins: int = 1 << _DIGIT):
+        self.device, self.nbins = device, bins
+        self.small = [0] * (_SMALL + 1)
+        self.bins: dict[int, torch.Tensor] = {}
+        self.lock = threading.Lock()
+
+    def add(self, n: int, nonzero: int, sum_u: int, max_u: int, u: torch.Tensor,
+            padding: int = 0) -> None:
+        """n distances: their nonzero count, sum and max; ``u`` (scratch, clamped in place) holds
+        them and ``padding`` zeros more (elements not compared), read only where max_u > 2."""
+        if max_u <= _SMALL:  # sum_u = n1 + 2 n2, nonzero = n1 + n2
+            twos = sum_u - nonzero
+            with self.lock:
+                self.small[0] += n - nonzero
+                self.small[1] += nonzero - twos
+                self.small[2] += twos
+            return
+        bins = self.bins.get(threading.get_ident())
+        if bins is None:
+            bins = self.bins[threading.get_ident()] = torch.zeros(
+                self.nbins, dtype=torch.int64, device=self.device)
+        # u is the caller's scratch: clamped in place; a bincount only as long as max_u needs
+        counts = torch.bincount(u.flatten().clamp_(max=bins.numel() - 1))
+        bins[:counts.numel()] += counts
+        bins[0] -= padding
+
+    def total(self) -> torch.Tensor:
+        hist = torch.zeros(self.nbins, dtype=torch.int64, device=self.device)
+        for bins in self.bins.values():
+            hist += bins
+        hist[:_SMALL + 1] += torch.tensor(self.small, device=self.device)
+        return hist
 
 
-def _chunk_general(o, o64, r64, f, tr, tc):
-    """Any values: non-finite classes, overflow, subnormals, zeros, off-format outputs."""
+class _Route(NamedTuple):
+    """The fast route's constants for one (out dtype, fmt) pair; see the module doc."""
+
+    s: float  # 2^(-126 - emin): fmt's subnormals onto fp32's
+    shift: int  # 23 - mbits: fp32 ULPs in one of fmt's
+    limit: float  # fmt's overflow threshold: a chunk whose |ref| reaches it goes general
+    half: torch.Tensor  # 2^(shift - 1), and the shifts, as 0-d tensors: a Python int operand
+    right: torch.Tensor  # costs ~4 us of dispatch an op
+    left: torch.Tensor
+    sign: torch.Tensor
+
+
+def _fast_route(dtype: torch.dtype, f: formats.Format, device: torch.device) -> _Route | None:
+    if f.torch is not dtype or dtype not in _FP32_EXACT or _flushes_subnormals(device):
+        return None
+    shift = 23 - f.mbits
+    half, right, left, sign = (torch.tensor(v, dtype=torch.int32, device=device) for v in (
+        (1 << shift) >> 1, shift, 32 - shift, 31))
+    return _Route(2.0 ** (-126 - f.emin), shift, f.overflow_threshold, half, right, left, sign)
+
+
+def _flushes_subnormals(device: torch.device) -> bool:
+    """True where an fp32 result below 2^-126 becomes zero (torch.set_flush_denormal(True) on a
+    CPU): the fast route needs fp32 subnormals exact (fmt's own, and ref * s near zero)."""
+    tiny = torch.tensor(2.0 ** -149, dtype=torch.float64, device=device).to(torch.float32)
+    return bool(tiny == 0)
+
+
+class _Buffers:
+    """The fast route's chunk-sized work space, one per thread and call."""
+
+    def __init__(self, n: int, device: torch.device):
+        self.e = torch.empty(n, dtype=torch.float64, device=device)
+        self.y = torch.empty(n, dtype=torch.float32, device=device)
+        self.o = torch.empty(n, dtype=torch.float32, device=device)
+        self.t = torch.empty(n, dtype=torch.int32, device=device)
+
+
+def _fast_chunk(o, r, route: _Route, tr, tc, parts, buf: _Buffers, hist: _Hist) -> _Part | None:
+    """The fast route on one chunk (see the module doc); None where the chunk needs the
+    general route. Each torch call costs a few microseconds of dispatch: the chunk's ~35 are
+    a third of its time, hence scalars read with .item() and the buffers used whole."""
+    n = o.numel()
+    o1, r1 = o.reshape(-1), r.reshape(-1)
+    e, y, ob, t = (buf.e, buf.y, buf.o, buf.t) if n == buf.e.numel() else \
+        (buf.e[:n], buf.y[:n], buf.o[:n], buf.t[:n])
+    e.copy_(o1)
+    dot, o2 = torch.dot(e, r1), torch.dot(e, e)
+    e.sub_(r1)  # out - ref
+    _tile_sumsq(r, tr, tc, parts[0])
+    _tile_sumsq(e.view(o.shape), tr, tc, parts[1])
+    s_err = e.sum()
+    s_abs = e.abs_().sum().item()
+    max_abs = e.max()
+    s_absref = torch.abs(r1, out=e).sum()
+    min_absref, max_absref = torch.aminmax(e)
+    if not (math.isfinite(s_abs) and max_absref.item() < route.limit):
+        return None  # a non-finite value, or a reference at fmt's overflow (NaN fails too)
+    # ULPs: fp32 bit patterns of out * s (exact) and of ref * s (rounded once)
+    y.copy_(r1 if route.s == 1 else torch.mul(r1, route.s, out=e))
+    ob.copy_(o1)
+    if route.s != 1:
+        ob.mul_(route.s)
+    yb, d = y.view(torch.int32), ob.view(torch.int32)
+    # Set aside rows holding an element the arithmetic below cannot do: out and ref of opposite
+    # signs; ref * s halfway between two values of fmt (low `shift` bits 100...0: the minimum of
+    # the bits shifted left).
+    row = math.gcd(n, _ROW)
+    rows = _rows_below(torch.bitwise_xor(d, yb, out=t), 0, row)
+    if route.shift:
+        ties = _rows_below(torch.bitwise_left_shift(yb, route.left, out=t), _INT32_MIN + 1, row)
+        rows = ties if rows is None else rows if ties is None else torch.cat([rows, ties]).unique()
+    d.sub_(yb)  # one sign: the magnitudes' difference in fp32 ULPs
+    if route.shift:
+        d.add_(route.half).bitwise_right_shift_(route.right)  # ref rounded to nearest (no ties)
+    if rows is not None:
+        d.view(-1, row).index_fill_(0, rows, 0)  # counted as 0 here; _measure_set_aside replaces them
+    dmin, dmax = torch.aminmax(d)
+    max_u = max(-dmin.item(), dmax.item())
+    # Sums in int32 where they cannot overflow: a sum into int64 first copies the chunk to int64.
+    acc = torch.int32 if n * max_u < 1 << 31 else torch.int64
+    s_d = d.sum(dtype=acc).item()
+    s_neg = torch.bitwise_right_shift(yb, route.sign, out=t).bitwise_and_(d).sum(dtype=acc).item()
+    # d is out's distance toward larger magnitude: a zero ref has no direction
+    s_zero = torch.eq(r1, 0, out=t).mul_(d).sum(dtype=acc).item() if min_absref.item() == 0 else 0
+    s_u = d.abs_().sum(dtype=acc).item()
+    # the nonzero count matters only where max_u is 2 (<= 1: it is the sum; > 2: a bincount)
+    hist.add(n, torch.count_nonzero(d).item() if max_u == 2 else s_u, s_u, max_u, d)
+    return _Part(n, 0, 0, 0, (dot.item(), o2.item(), s_err.item(), s_abs, s_absref.item(),
+                              max_abs.item()), (s_u, s_d - 2 * s_neg, s_d - s_zero, max_u),
+                 None if rows is None else (o1.view(-1, row)[rows], r1.view(-1, row)[rows]))
+
+
+def _rows_below(t: torch.Tensor, below: int, row: int) -> torch.Tensor | None:
+    """Indices of the rows (``row`` elements each) of ``t`` (int32, flat) that hold an element
+    below ``below``, or None. Rare: one minimum answers the common case, and whole rows are set
+    aside (a bool mask and nonzero over a chunk cost ~8 ns an element, a minimum 0.2)."""
+    if t.amin().item() >= below:
+        return None
+    return (t.view(-1, row).amin(dim=1) < below).nonzero().squeeze(1)
+
+
+def _general_d(o, o64, r64, f) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(out's classes, the rounded reference's classes, the signed ULP distance d, 0 where either
+    is not finite)."""
     if f.name == "fp64":
         rr, r_ord = r64, formats.ordinal(torch.where(torch.isfinite(r64), r64, 0.0), f)
     else:
         rr, r_ord = formats.round_with_ordinal(r64, f, "rne", False)
     oc, rc = _classes(o64), _classes(rr)
     fin = (oc == 0) & (rc == 0)
+    return oc, rc, torch.where(fin, _out_ordinal(o, o64, f) - r_ord, 0)
+
+
+def _general_totals(o, r, f: formats.Format, tr: int, tc: int, top: int = (1 << _DIGIT) - 1):
+    """The general route on one 2-D chunk, in tensors only (no host sync, no data-dependent
+    branch, so torch.compile can fuse it whole): (block sums [signal, noise, count] (3, k),
+    float64 [sum out*ref, sum out^2, sum err, sum |err|, sum |ref|, max |err|, sum u, sum d,
+    sum d toward larger magnitude], int64 [compared, NaN, inf, mismatch, max u, nonzero u], u
+    clamped to ``top``, the histogram's last bin (0 where not compared))."""
+    o64, r64 = o.to(torch.float64), r.to(torch.float64)
+    oc, rc, d = _general_d(o, o64, r64, f)
+    fin = (oc == 0) & (rc == 0)
     err = torch.where(fin, o64 - r64, 0.0)
     sig = torch.where(fin, r64, 0.0)
     ov = torch.where(fin, o64, 0.0)
-    e2, s2 = err * err, sig * sig
-    abs_err = err.abs()
-    d = torch.where(fin, _out_ordinal(o, o64, f) - r_ord, 0)
+    blocks = torch.stack([_tile_sums(sig * sig, tr, tc), _tile_sums(err * err, tr, tc),
+                          _tile_sums(fin.to(torch.float64), tr, tc)])
     u = d.abs()
-    sums = torch.stack([t.double() for t in (
-        fin.sum(), (oc == 1).sum(), (oc >= 2).sum(), (oc != rc).sum(), s2.sum(), e2.sum(),
-        (ov * sig).sum(), (ov * ov).sum(), abs_err.sum(), err.sum(), sig.abs().sum(), u.sum(),
-        d.sum(), (d * torch.sign(r64).to(torch.int64)).sum())])
-    return sums, abs_err.max(), u.max(), u[fin], (
-        _tile_sums(s2, tr, tc), _tile_sums(e2, tr, tc), _tile_sums(fin.to(torch.float64), tr, tc))
+    # float64 sums of the ULP distances: fp64's reach 2^63, an int64 sum could wrap
+    floats = torch.stack([(ov * sig).sum(), (ov * ov).sum(), err.sum(), err.abs().sum(),
+                          sig.abs().sum(), err.abs().amax(), u.to(torch.float64).sum(),
+                          d.to(torch.float64).sum(),
+                          (d * torch.sign(r64).to(torch.int64)).to(torch.float64).sum()])
+    ints = torch.stack([fin.sum(), (oc == 1).sum(), (oc >= 2).sum(), (oc != rc).sum(), u.amax(),
+                        torch.count_nonzero(u)])
+    return blocks, floats, ints, u.clamp(max=top).to(torch.int32)
 
 
-def _fast_ok(o64, r64, f) -> bool:
-    if f.min_subnormal is None or f.name == "fp64" or r64.numel() == 0:
-        return False
-    a = r64.abs()
-    lo, hi = float(a.min()), float(a.max())
-    return f.min_normal <= lo and hi <= f.max and math.isfinite(float(o64.sum()))
+def _part(floats: list, ints: list) -> _Part:
+    n, n_nan, n_inf, mismatch, max_u, _ = ints
+    return _Part(n, n_nan, n_inf, mismatch, tuple(floats[:6]), (*floats[6:], max_u))
 
 
-def _histogram_rank(hist: torch.Tensor, rank: int) -> int:
-    """Smallest bin index whose cumulative count reaches rank (1-based)."""
-    return int(torch.searchsorted(torch.cumsum(hist, 0), rank))
+def _general_chunk(o, r64, f, tr, tc, parts, hist: _Hist) -> _Part:
+    """Any values: non-finite classes, overflow, subnormals, zeros, off-format outputs."""
+    blocks, floats, ints, u = _general_totals(o, r64, f, tr, tc)
+    parts.copy_(blocks)
+    part = _part(floats.tolist(), ints.tolist())
+    if part.n_compared:
+        hist.add(part.n_compared, ints[5].item(), int(part.ulps[0]), part.ulps[3], u,
+                 padding=o.numel() - part.n_compared)
+    return part
+
+
+def _measure_set_aside(parts: list[_Part], f: formats.Format, hist: _Hist) -> _Part:
+    """The fast route's set-aside elements (finite, below overflow), by the general route's
+    rounding: the distances that replace the zeros they were counted as."""
+    o = torch.cat([p.set_aside[0].flatten() for p in parts])
+    r64 = torch.cat([p.set_aside[1].flatten() for p in parts])
+    d = _general_d(o, o.to(torch.float64), r64, f)[2]
+    u = d.abs()
+    s_u, s_d, s_mag, max_u, nonzero = torch.stack([
+        u.sum(), d.sum(), (d * torch.sign(r64).to(torch.int64)).sum(), u.max(),
+        torch.count_nonzero(u)]).tolist()
+    hist.small[0] -= u.numel()
+    hist.add(u.numel(), nonzero, s_u, max_u, u)
+    return _Part(0, 0, 0, 0, (0.0,) * 6, (s_u, s_d, s_mag, max_u))
+
+
+def _chunked(out: torch.Tensor, ref: torch.Tensor, f: formats.Format, blocks):
+    """The chunked pass: (per-chunk parts, histogram, per-block [signal, noise, count] sums)."""
+    hist = _Hist(out.device)
+    blk = torch.zeros(3, _n_blocks(out.shape, blocks), dtype=torch.float64, device=out.device)
+    blk[2] = _tile_sizes(out.shape, blocks)  # the fast route's counts; the general route's own
+    route = _fast_route(out.dtype, f, out.device) if out.numel() else None
+    jobs, at = [], 0
+    for o, r, (tr, tc) in _chunks(out, ref, blocks):
+        k = -(-o.shape[0] // tr) * -(-o.shape[1] // tc)
+        jobs.append((o, r, tr, tc, blk[:, at:at + k]))
+        at += k
+    size = jobs[0][0].numel() if jobs else 0  # the first chunk is the largest
+    buffers: dict[int, _Buffers] = {}
+
+    def one(job) -> _Part:
+        o, r, tr, tc, parts = job
+        r64 = r if r.dtype == torch.float64 else r.to(torch.float64)
+        part = None
+        if route:
+            buf = buffers.get(threading.get_ident())
+            if buf is None:
+                buf = buffers[threading.get_ident()] = _Buffers(size, out.device)
+            part = _fast_chunk(o, r64, route, tr, tc, parts, buf, hist)
+        return part or _general_chunk(o, r64, f, tr, tc, parts, hist)
+
+    parts = list(_map(one, jobs, out.device))
+    aside = [p for p in parts if p.set_aside is not None]
+    if aside:
+        parts.append(_measure_set_aside(aside, f, hist))
+    return parts, hist, blk
+
+
+def _map(fn, jobs: list, device: torch.device):
+    """fn over jobs, results in order. On a CPU with several intra-op threads, jobs run on as
+    many worker threads, each doing its ops on one: torch's own split runs every op across
+    the threads, each op ending at a barrier, and a chunk is ~30 ops; on a 2-core machine
+    shared with another process a barrier waits for a descheduled thread (measured: 5-10x slower
+    than one thread). Each job's ops then run on one thread wherever they run, so the results do
+    not depend on the thread count (torch's own split changes float sums)."""
+    k = torch.get_num_threads() if device.type == "cpu" and _PER_THREAD_COUNT else 1
+    if k == 1 or len(jobs) == 1:
+        return map(fn, jobs)
+    return _workers(k).map(fn, jobs)
+
+
+# Only OpenMP keeps the intra-op thread count per thread (torch's native pool has one count).
+_PER_THREAD_COUNT = "parallel backend: OpenMP" in torch.__config__.parallel_info()
+_pool: tuple = (None, None)  # ((pid, k), its ThreadPoolExecutor)
+_pool_lock = threading.Lock()
+
+
+def _workers(k: int) -> ThreadPoolExecutor:
+    """This process's k worker threads, each with one intra-op thread."""
+    global _pool
+    key = (os.getpid(), k)  # a forked child inherits the executor but not its threads
+    with _pool_lock:
+        if _pool[0] != key:
+            if _pool[1] is not None and _pool[0][0] == key[0]:
+                _pool[1].shutdown(wait=False)
+            pool = ThreadPoolExecutor(k, thread_name_prefix="numcheck-stats")
+            ready = threading.Barrier(k + 1)  # k tasks that wait for each other: k threads
+            for _ in range(k):
+                pool.submit(_one_thread, ready)
+            ready.wait()
+            torch.set_num_threads(k)  # the workers' calls also set the process default: restore
+            _pool = (key, pool)
+    return _pool[1]
+
+
+def _one_thread(ready: threading.Barrier) -> None:
+    torch.get_num_threads()  # a thread takes the process default at its first use, so first...
+    torch.set_num_threads(1)  # ...then its own count (OpenMP keeps one per thread)
+    ready.wait()
+
+
+def _fused(out: torch.Tensor, ref: torch.Tensor, f: formats.Format, blocks):
+    """CUDA: the general route compiled (torch.compile: Inductor fuses its ~60 ops into a few
+    Triton kernels that read out and ref once each), chunk by chunk, summed on the device with
+    one host sync at the end; as _chunked returns, or None where nothing compiles (then
+    _chunked runs: the fallback)."""
+    if f.torch is not out.dtype or out.dtype not in _INT_VIEW or out.numel() == 0:
+        return None  # out's ordinal from its values (another grid, fp64): checked in Python
+    fn = _compiled()
+    if fn is None:
+        return None
+    blk = torch.zeros(3, _n_blocks(out.shape, blocks), dtype=torch.float64, device=out.device)
+    hist = _Hist(out.device, _FUSED_BINS)
+    bins = hist.bins[0] = torch.zeros(_FUSED_BINS, dtype=torch.int64, device=out.device)
+    floats, ints, at = [], [], 0
+    try:
+        for o, r, (tr, tc) in _chunks(out, ref, blocks, _FUSED_CHUNK):
+            blocks_, fl, it, u = fn(o, r, f, tr, tc, _FUSED_BINS - 1)
+            blk[:, at:at + blocks_.shape[1]] = blocks_
+            at += blocks_.shape[1]
+            bins += torch.bincount(u.flatten(), minlength=bins.numel())
+            bins[0] -= o.numel() - it[0]  # elements not compared
+            floats.append(fl)
+            ints.append(it)
+    except UsageError:
+        raise
+    except Exception as exc:  # noqa: BLE001 - any compile failure: the chunked path
+        _COMPILED["fn"] = None
+        warnings.warn(f"numcheck.error_stats: the compiled CUDA kernel failed ({type(exc).__name__}:"
+                      f" {exc}); using the chunked path", RuntimeWarning, stacklevel=3)
+        return None
+    parts = [_part(fl, it) for fl, it in zip(torch.stack(floats).tolist(),
+                                              torch.stack(ints).tolist())]
+    return parts, hist, blk
+
+
+_FUSED_CHUNK = 1 << 21  # elements per compiled CUDA step: Inductor keeps a few 8-byte buffers
+# CUDA's bincount keeps up to ~1000 bins in per-block memory and more in global atomics, which
+# serialize on bin 0 (most distances are 0): the fused pass counts u < 511 exactly, and a p99
+# at or beyond 511 ULP (a broken kernel) takes the radix passes.
+_FUSED_BINS = 512
+_COMPILED: dict = {}  # "fn": the compiled _general_totals, or None where it cannot compile
+
+
+def _compiled():
+    if "fn" not in _COMPILED:
+        try:
+            # dynamic: one compile serves every chunk and tensor size (a ragged last chunk too)
+            _COMPILED["fn"] = torch.compile(_general_totals, dynamic=True)
+        except Exception as exc:  # noqa: BLE001 - torch.compile unsupported here
+            warnings.warn(f"numcheck.error_stats: torch.compile unavailable ({exc}); using the "
+                          "chunked path on CUDA", RuntimeWarning, stacklevel=4)
+            _COMPILED["fn"] = None
+    return _COMPILED["fn"]
 
 
 def error_stats(out: torch.Tensor, ref: torch.Tensor, fmt=None, *, blocks=None) -> ErrorStats:
@@ -235,50 +578,33 @@ def error_stats(out: torch.Tensor, ref: torch.Tensor, fmt=None, *, blocks=None) 
         raise UsageError(f"error_stats: out has dtype {out.dtype}; give a floating-point output")
     f = formats.get(fmt if fmt is not None else out.dtype)
     ref = ref.to(out.device)
+    _n_blocks(out.shape, blocks)  # a bad blocks= is a UsageError before any work
+    fused = _fused(out, ref, f, blocks) if out.is_cuda else None
+    parts, hist, blk = fused if fused is not None else _chunked(out, ref, f, blocks)
+    return _finish(out, ref, f, blocks, parts, hist, blk)
 
-    dev = out.device
-    sums = torch.zeros(len(_SUMS), dtype=torch.float64, device=dev)
-    max_abs = torch.zeros((), dtype=torch.float64, device=dev)
-    max_ulp = torch.zeros((), dtype=torch.int64, device=dev)
-    low_hist = torch.zeros(1 << _DIGIT, dtype=torch.int64, device=dev)
-    # Block sums go into one buffer allocated up front: small tensors kept alive between the
-    # chunks' temporaries fragment glibc's heap (measured: +380 MiB peak RSS at 2^25 elements).
-    blk = torch.zeros(3, _n_blocks(out.shape, blocks), dtype=torch.float64, device=dev)
-    at = 0
-    for o, r, (tr, tc) in _chunks(out, ref, blocks):
-        o64, r64 = o.to(torch.float64), r.to(torch.float64)
-        chunk = _chunk_fast if _fast_ok(o64, r64, f) else _chunk_general
-        part, mabs, mulp, u, blk_part = chunk(o, o64, r64, f, tr, tc)
-        sums += part
-        if u.numel():
-            max_abs = torch.maximum(max_abs, mabs)
-            max_ulp = torch.maximum(max_ulp, mulp)
-            low_hist += torch.bincount(u.flatten().clamp(max=(1 << _DIGIT) - 1),
-                                       minlength=1 << _DIGIT)
-        k = blk_part[0].numel()
-        for row, part_sums in zip(blk, blk_part):
-            row[at:at + k] = part_sums
-        at += k
 
-    acc = dict(zip(_SUMS, sums.tolist()))
-    nc_ = int(acc["n_compared"])
-    mx_ulp = int(max_ulp)
-    p99 = _p99(out, ref, f, blocks, low_hist, nc_, mx_ulp)
+def _finish(out, ref, f, blocks, parts: list[_Part], hist: _Hist, blk) -> ErrorStats:
+    n, n_nan, n_inf, mismatch = (sum(p[i] for p in parts) for i in range(4))
+    dot, o2, err, abs_err, abs_ref = (math.fsum(p.floats[i] for p in parts) for i in range(5))
+    sum_u, sum_d, sum_mag = (sum(p.ulps[i] for p in parts) for i in range(3))
+    max_abs = max((p.floats[5] for p in parts), default=0.0)
+    max_u = max((p.ulps[3] for p in parts), default=0)
+    s, e2 = blk[0].sum().item(), blk[1].sum().item()
     mbs, worst, nblocks = _min_block_sqnr(*blk)
-    s, e2 = acc["s"], acc["e2"]
 
-    def mean(key: str) -> float:
-        return acc[key] / nc_ if nc_ else 0.0
+    def mean(total) -> float:
+        return total / n if n else 0.0
 
     return ErrorStats(
-        fmt=f.name, n=out.numel(), n_compared=nc_, n_nan=int(acc["n_nan"]),
-        n_inf=int(acc["n_inf"]), nonfinite_mismatch=int(acc["mismatch"]),
-        max_abs=float(max_abs), mean_abs=mean("abs"),
+        fmt=f.name, n=out.numel(), n_compared=n, n_nan=n_nan, n_inf=n_inf,
+        nonfinite_mismatch=mismatch, max_abs=max_abs, mean_abs=mean(abs_err),
         rel_l2=_ratio(math.sqrt(e2), math.sqrt(s)), sqnr_db=_sqnr_db(s, e2),
-        cosine=_cosine(acc["dot"], acc["o2"], s),
-        bias=_ratio(acc["err"], acc["absref"], signed=True),
-        max_ulp=mx_ulp, mean_ulp=mean("ulp"), p99_ulp=p99, bias_ulp=mean("sulp"),
-        mag_bias_ulp=mean("mulp"), min_block_sqnr_db=mbs, worst_block=worst, n_blocks=nblocks)
+        cosine=_cosine(dot, o2, s), bias=_ratio(err, abs_ref, signed=True),
+        max_ulp=int(max_u), mean_ulp=mean(sum_u),
+        p99_ulp=_p99(out, ref, f, blocks, n, int(max_u), hist.total()),
+        bias_ulp=mean(sum_d), mag_bias_ulp=mean(sum_mag), min_block_sqnr_db=mbs,
+        worst_block=worst, n_blocks=nblocks)
 
 
 def _ratio(num: float, den: float, signed: bool = False) -> float:
@@ -323,30 +649,33 @@ def _min_block_sqnr(s: torch.Tensor, e: torch.Tensor, cnt: torch.Tensor) -> tupl
     return float(sq[worst]), worst, nblocks
 
 
-def _p99(out, ref, f, blocks, low_hist: torch.Tensor, n_compared: int, max_ulp: int) -> int:
-    """Exact nearest-rank p99 of the ULP distances: radix select, 16 bits per pass.
+def _histogram_rank(hist: torch.Tensor, rank: int) -> int:
+    """Smallest bin index whose cumulative count reaches rank (1-based)."""
+    return int(torch.searchsorted(torch.cumsum(hist, 0), rank))
 
-    The first pass (in error_stats) already holds the exact histogram below 2^16 ULPs, which is
-    where p99 lies unless the kernel is badly broken; only then are more passes made.
-    """
-    if n_compared == 0:
+
+def _p99(out, ref, f, blocks, n: int, max_u: int, hist: torch.Tensor) -> int:
+    """Exact nearest-rank p99 of the ULP distances: the pass's histogram, then, only where p99
+    lies in its last (clamped) bin, radix select over that tail, 16 bits a pass."""
+    if n == 0:
         return 0
-    rank = math.ceil(0.99 * n_compared)
-    if rank <= int(low_hist[:-1].sum()):
-        return _histogram_rank(low_hist, rank)
-    # Radix select, top digit first, over the tail u >= 2^16 - 1 (the clamped last bin).
-    rank -= int(low_hist[:-1].sum())
-    tail = (1 << _DIGIT) - 1
-    prefix, shift = 0, max(_DIGIT, (max_ulp.bit_length() - 1) // _DIGIT * _DIGIT)
+    rank = (99 * n + 99) // 100  # ceil(0.99 n), exactly
+    below_tail = int(hist[:-1].sum())
+    if rank <= below_tail:
+        return _histogram_rank(hist, rank)
+    rank -= below_tail
+    tail = hist.numel() - 1
+    mask = (1 << _DIGIT) - 1
+    prefix, shift = 0, max(_DIGIT, (max_u.bit_length() - 1) // _DIGIT * _DIGIT)
     while True:
-        hist = torch.zeros(1 << _DIGIT, dtype=torch.int64, device=out.device)
+        digits = torch.zeros(1 << _DIGIT, dtype=torch.int64, device=out.device)
         for u in _abs_ulps(out, ref, f, blocks):
             u = u[u >= tail]
             if shift + _DIGIT < 63:
                 u = u[(u >> (shift + _DIGIT)) == prefix]
-            hist += torch.bincount((u >> shift) & tail, minlength=1 << _DIGIT)
-        digit = _histogram_rank(hist, rank)
-        rank -= int(hist[:digit].sum())
+            digits += torch.bincount((u >> shift) & mask, minlength=1 << _DIGIT)
+        digit = _histogram_rank(digits, rank)
+        rank -= int(digits[:digit].sum())
         prefix = (prefix << _DIGIT) | digit
         if shift == 0:
             return prefix
@@ -354,6 +683,8 @@ def _p99(out, ref, f, blocks, low_hist: torch.Tensor, n_compared: int, max_ulp: 
 
 
 def _abs_ulps(out, ref, f, blocks):
-    """Re-derive |ULP| of the compared elements, chunk by chunk (for the rare extra passes)."""
-    for o, r, (tr, tc) in _chunks(out, ref, blocks):
-        yield _chunk_general(o, o.to(torch.float64), r.to(torch.float64), f, tr, tc)[3]
+    """|ULP| of the compared elements, chunk by chunk, by the general route (for the rare extra
+    passes)."""
+    for o, r, _ in _chunks(out, ref, blocks):
+        oc, rc, d = _general_d(o, o.to(torch.float64), r.to(torch.float64), f)
+        yield d[(oc == 0) & (rc == 0)].abs()

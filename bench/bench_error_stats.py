@@ -81,7 +81,8 @@ def main() -> int:
           f"cpu_capability={torch.backends.cpu.get_cpu_capability()}")
     print(f"error_stats   {t_stats * 1e3:8.1f} ms  ({nbytes / t_stats / 1e9:6.1f} GB/s read)")
     print(f"assert_close  {t_close * 1e3:8.1f} ms")
-    print(f"copy          {t_copy * 1e3:8.1f} ms  ({2 * nbytes / t_copy / 1e9:6.1f} GB/s read+write)")
+    print(f"copy          {t_copy * 1e3:8.1f} ms  "
+          f"({2 * nbytes / t_copy / 1e9:6.1f} GB/s read+write)")
     print(f"ratio error_stats/assert_close = {t_stats / t_close:.2f}  "
           f"(target <= {2 if a.device == 'cuda' else 0.5})")
     print(f"ratio copy/error_stats         = {t_copy / t_stats:.2f}  (fraction of copy bandwidth)")

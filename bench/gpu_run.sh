@@ -2,7 +2,9 @@
 # The device check, in one run: doctor, every cuda-marked test, the built-in suites on CUDA
 # (ops, quant, convergence, search) recording cuda-smXY goldens and a results file into $OUT
 # (review them, then copy $OUT/golden/cuda-sm* to golden/ and commit), the markdown report, and
-# the ErrorStats benchmark on CUDA. Outputs go to $OUT (default ./out);
+# the ErrorStats benchmark on CUDA (the fused Triton kernel, the chunked fallback, and a check
+# that their statistics agree: exit 1 if not) and on this host's CPU at 2 threads (another CPU
+# kind than the development machine's). Outputs go to $OUT (default ./out);
 # the dated notes under docs/ are written from them. Runs without installing numcheck (the GPU
 # image has its own CUDA torch): PYTHONPATH and `-p numcheck.plugin`.
 set -u
@@ -25,3 +27,4 @@ step suites_cuda "$py" -m pytest -p numcheck.plugin suites -q -n 8 --dist loadgr
   --numcheck-refresh --numcheck-results "$OUT/results.parquet"
 step report "$py" -m numcheck report "$OUT/results.parquet" --out "$OUT/report.md"
 step bench_cuda "$py" bench/bench_error_stats.py --device cuda
+step bench_cpu env OMP_NUM_THREADS=2 "$py" bench/bench_error_stats.py --device cpu

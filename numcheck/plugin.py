@@ -155,8 +155,19 @@ def _numcheck_golden_session(pytestconfig: pytest.Config):
     return _session(pytestconfig)
 
 
+@pytest.fixture(scope="session")
+def _numcheck_case_memo():
+    """The suites' shared per-case work (numcheck.run.CaseMemo): a case's kernels run one after
+    another and share its inputs, FP64 reference and baseline. One per session."""
+    from .run import CaseMemo
+    memo = CaseMemo()
+    yield memo
+    memo.clear()
+
+
 @pytest.fixture
-def numcheck(request: pytest.FixtureRequest, record_property, _numcheck_golden_session):
+def numcheck(request: pytest.FixtureRequest, record_property, _numcheck_golden_session,
+             _numcheck_case_memo):
     """numcheck inside a test: ``numcheck.verify(op, fn)`` runs an op's cases against ``fn``,
     judges them against the goldens (suite = the test module's name without ``test_``) and
     records them into this run's summary, goldens and results; ``numcheck.check_case(item)``
@@ -166,7 +177,7 @@ def numcheck(request: pytest.FixtureRequest, record_property, _numcheck_golden_s
     module = Path(str(request.node.fspath)).stem
     suite = module[5:] if module.startswith("test_") else module
     return SuiteContext(suite_device(request.config), case_set(request.config),
-                        _numcheck_golden_session, record_property, suite)
+                        _numcheck_golden_session, record_property, suite, _numcheck_case_memo)
 
 
 @pytest.hookimpl(tryfirst=True)

@@ -6,6 +6,8 @@
 
 ``verify`` runs an op's case set against one kernel and returns a ``Verification``. A kernel that
 raises, or returns the wrong shape, dtype or device, fails that case by name; the other cases run.
+``run_case(..., memo=CaseMemo())`` lets the kernels that run one case in a row (the built-in
+suites) share its kernel-independent work: inputs, reference, baseline and the baseline's stats.
 """
 from __future__ import annotations
 
@@ -180,9 +182,9 @@ class _Prepared:
     backward_kw: dict[str, Any]  # the part of dkw a separate backward takes
     grads: tuple[str, ...]  # tensor args whose gradients are judged
     skip: str | None = None  # why the kernel cannot run this case (a parameter it lacks)
-    ref_in: dict[str, torch.Tensor] | None = None  # the reference's float64 leaves
     ref: torch.Tensor | None = None  # FP64 on the CPU, the same on every device
     g_exact: torch.Tensor | None = None  # the upstream gradient, float64 (backward cases)
+    memo: dict = dataclasses.field(default_factory=dict)  # the case's shared work (CaseMemo)
     _spread: dict[str, torch.Tensor] | None = None
 
     def spread(self, spec: OpSpec, case: Case) -> dict[str, torch.Tensor]:
@@ -224,6 +226,7 @@ class _Output:
     ref: torch.Tensor
     allowed: tuple[torch.dtype, ...]
     scale: torch.Tensor | None = None  # componentwise magnitude (rule 5), forward only
+    key: tuple = ()  # the baseline's key in the case's memo (judged grads, output dtype)
 
 
 class _KernelFailed(Exception):
@@ -234,23 +237,73 @@ class _KernelFailed(Exception):
         self.reason, self.tb = reason, tb
 
 
-def _prepare(spec: OpSpec, kern: Kernel, case: Case, device: str) -> _Prepared:
+class CaseMemo:
+    """A case's kernel-independent work, done once and shared by the kernels that run the case
+    one after another (the built-in suites order their items case by case: numcheck.suite).
+
+    Held for one (op, case, device) at a time; another case empties it. What it holds is a
+    function of the case and of the key it is stored under, never of the kernel: the rounded
+    inputs and their digest, the FP64 reference and its gradients, the upstream gradient, the
+    baseline and its statistics, keyed further by the gradients judged and the dtype of the
+    kernel's output where those matter. Kernels and the baseline get fresh copies of the inputs
+    (a kernel that writes into its inputs cannot change what the next one sees). A run without
+    a memo (``verify``, the search) computes the same values through the same code.
+    """
+
+    def __init__(self) -> None:
+        self._key: tuple | None = None
+        self._values: dict = {}
+
+    def of(self, spec: OpSpec, case: Case, device: str) -> dict:
+        k = self._key
+        if k is None or k[0] is not spec or k[1] != case or k[2] != device:
+            self._key, self._values = (spec, case, device), {}
+        return self._values
+
+    def clear(self) -> None:
+        self._key, self._values = None, {}
+
+
+def _memo(memo: dict, key: tuple, make):
+    if key not in memo:
+        memo[key] = make()
+    return memo[key]
+
+
+def _case_inputs(spec: OpSpec, case: Case, device: str):
+    """The case's inputs: {name: (on the device, exact float64)}, kwargs (CPU), kwargs on the
+    device, and the input digest."""
     tensors, kwargs = spec.make_inputs(case)
-    dev_in: dict[str, torch.Tensor] = {}
-    exact: dict[str, torch.Tensor] = {}
-    layout = case.param("layout", "contiguous")
-    for name, (x64, dtype) in tensors.items():
-        d, e = inputs.cast(x64, dtype, device)
-        dev_in[name] = inputs.with_layout(d, layout) if d.dim() >= 2 else d
-        exact[name] = e
+    cast = {name: inputs.cast(x64, dtype, device) for name, (x64, dtype) in tensors.items()}
     # Non-float tensors (masks, class targets) ride in kwargs unrounded: the reference gets them
     # on the CPU, kernel and baseline on the device.
     dkw = {k: v.to(device) if isinstance(v, torch.Tensor) else v for k, v in kwargs.items()}
+    digest = inputs.input_digest({n: e for n, (_, e) in cast.items()}, kwargs)
+    return cast, kwargs, dkw, digest
+
+
+def _fresh(cast: dict, layout: str) -> dict[str, torch.Tensor]:
+    """Copies of the device inputs in the case's memory layout."""
+    return {n: inputs.with_layout(d.clone(), layout) if d.dim() >= 2 else d.clone()
+            for n, (d, _) in cast.items()}
+
+
+def _fresh_kw(dkw: dict[str, Any]) -> dict[str, Any]:
+    return {k: v.clone() if isinstance(v, torch.Tensor) else v for k, v in dkw.items()}
+
+
+def _prepare(spec: OpSpec, kern: Kernel, case: Case, device: str,
+             memo: dict | None = None) -> _Prepared:
+    memo = {} if memo is None else memo
+    cast, kwargs, dkw, _ = _memo(memo, ("inputs",), lambda: _case_inputs(spec, case, device))
+    dev_in = _fresh(cast, case.param("layout", "contiguous"))
+    exact = {name: e for name, (_, e) in cast.items()}
+    dkw = _fresh_kw(dkw)
     grads = () if kern.forward_only else spec.judged_grads(case)
     kernel_kw, skip = _taken(kern.fn, spec, dkw)
     backward_kw = _taken(kern.backward, spec, dkw)[0] if kern.backward is not None else {}
     return _Prepared(dev_in, exact, kwargs, dkw, kernel_kw, backward_kw, grads,
-                     skip=f"kernel {skip}" if skip else None)
+                     skip=f"kernel {skip}" if skip else None, memo=memo)
 
 
 def _op_defaults(spec: OpSpec) -> dict[str, Any]:
@@ -290,26 +343,66 @@ def _leaves(tensors: dict[str, torch.Tensor], grads: tuple[str, ...]) -> dict[st
             for n, t in tensors.items()}
 
 
+def _reference(spec: OpSpec, p: _Prepared) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
+    """The FP64 reference, with leaves for the judged gradients (its graph)."""
+    ref_in = _leaves(p.exact, p.grads)
+    return ref_in, spec.reference(**ref_in, **p.kwargs)
+
+
+def _reference_grads(spec: OpSpec, p: _Prepared, g_exact: torch.Tensor) -> tuple:
+    """The reference's gradients for the upstream gradient ``g_exact``. The first call uses the
+    graph of ``p.ref``; a later one (another output dtype, so another upstream gradient)
+    rebuilds it: the values are the same."""
+    key = ("ref_graph", p.grads)
+    if p.memo.get(key) is None:  # the graph was used up by an earlier backward
+        p.memo[key] = _reference(spec, p)
+    ref_in, ref = p.memo[key]
+    p.memo[key] = None
+    return torch.autograd.grad(ref, [ref_in[n] for n in p.grads], g_exact, allow_unused=True)
+
+
+def _baseline(spec: OpSpec, p: _Prepared, case: Case, g_dev: torch.Tensor | None):
+    """The baseline's output and its gradients for the upstream gradient g_dev (none when no
+    gradient is judged), from fresh copies of the inputs."""
+    bin_ = _leaves(_fresh(p.memo[("inputs",)][0], case.param("layout", "contiguous")), p.grads)
+    base = spec.baseline(**bin_, **_fresh_kw(p.dkw))
+    if not p.grads:
+        return base, ()
+    bg = torch.autograd.grad(base, [bin_[n] for n in p.grads], g_dev.to(base.dtype),
+                             allow_unused=True)
+    return base, bg
+
+
+def _upstream(case: Case, shape: tuple[int, ...], dtype: torch.dtype, device: str):
+    """The upstream gradient (device tensor in the output's dtype, exact float64 copy)."""
+    g64 = inputs.draw("normal", shape, seed=inputs.seed_for(case.id), stream="grad_out")
+    return inputs.cast(g64, dtype, device)
+
+
 def _execute(spec: OpSpec, kern: Kernel, case: Case, device: str, p: _Prepared) -> list[_Output]:
     """Kernel, baseline and FP64 reference, forward and backward (the same upstream gradient,
-    rounded to the output dtype, for all three). Raises _KernelFailed."""
-    ref_in, ref = p.ref_in, p.ref
-    kin, bin_ = _leaves(p.dev_in, p.grads), _leaves(p.dev_in, p.grads)
+    rounded to the output dtype, for all three). Raises _KernelFailed. The baseline, the
+    reference's gradients and the upstream gradient come from the case's memo when an earlier
+    kernel with the same judged gradients and output dtype computed them."""
+    ref = p.ref
+    kin = _leaves(p.dev_in, p.grads)
     try:
         out = kern.fn(**kin, **p.kernel_kw)
     except Exception as e:
         raise _KernelFailed(f"kernel {kern.name} raised {type(e).__name__}: {e}",
                             traceback.format_exc(limit=-3)) from e
-    _check_output(out, ref, device, _out_dtypes(spec, case), "out")
-    base = spec.baseline(**bin_, **p.dkw)
-    scale = spec.scale(**p.exact, **p.kwargs) if spec.scale is not None else None
-    outs = [_Output("out", out, base, ref, _out_dtypes(spec, case), scale)]
+    allowed = _out_dtypes(spec, case)
+    _check_output(out, ref, device, allowed, "out")
+    scale = _memo(p.memo, ("scale",),
+                  lambda: spec.scale(**p.exact, **p.kwargs) if spec.scale is not None else None)
     if not p.grads:
-        return outs
-    g64 = inputs.draw("normal", tuple(ref.shape), seed=inputs.seed_for(case.id),
-                      stream="grad_out")
-    g_dev, g_exact = inputs.cast(g64, out.dtype, device)
+        key = ("baseline", p.grads, None)
+        base, _ = _memo(p.memo, key, lambda: _baseline(spec, p, case, None))
+        return [_Output("out", out, base, ref, allowed, scale, key)]
+    g_dev, g_exact = _memo(p.memo, ("grad_out", out.dtype),
+                           lambda: _upstream(case, tuple(ref.shape), out.dtype, device))
     p.g_exact = g_exact
+    g_dev = g_dev.clone()  # the kernel's copy
     try:
         if kern.backward is not None:
             kg = kern.backward(g_dev, **{n: t.detach() for n, t in kin.items()},
@@ -323,15 +416,18 @@ def _execute(spec: OpSpec, kern: Kernel, case: Case, device: str, p: _Prepared) 
         n = len(kg) if isinstance(kg, (tuple, list)) else type(kg).__name__
         raise _KernelFailed(f"kernel {kern.name} backward returned {n} gradient(s), expected "
                             f"{len(p.grads)} ({', '.join(p.grads)})")
-    bg = torch.autograd.grad(base, [bin_[n] for n in p.grads], g_dev.to(base.dtype),
-                             allow_unused=True)
-    rg = torch.autograd.grad(ref, [ref_in[n] for n in p.grads], g_exact, allow_unused=True)
+    key = ("baseline", p.grads, out.dtype)
+    base, bg = _memo(p.memo, key,
+                     lambda: _baseline(spec, p, case, p.memo[("grad_out", out.dtype)][0]))
+    rg = _memo(p.memo, ("ref_grads", p.grads, out.dtype),
+               lambda: _reference_grads(spec, p, g_exact))
+    outs = [_Output("out", out, base, ref, allowed, scale, key)]
     for name, k, b, r in zip(p.grads, kg, bg, rg):
         if r is None:  # the reference does not depend on it: nothing to judge
             continue
         k = torch.zeros_like(p.dev_in[name]) if k is None else k
         b = torch.zeros_like(r, dtype=k.dtype, device=k.device) if b is None else b
-        outs.append(_Output(f"grad_{name}", k, b, r, (p.dev_in[name].dtype,)))
+        outs.append(_Output(f"grad_{name}", k, b, r, (p.dev_in[name].dtype,), key=key))
     return outs
 
 
@@ -363,7 +459,9 @@ def _measure(spec: OpSpec, kern: Kernel, case: Case, device: str, o: _Output,
     out = o.kernel.detach()
     blocks = spec.blocks_for(case, ref.shape)
     ks = error_stats(out, ref, blocks=blocks)
-    bs = error_stats(o.baseline.detach().to(out.dtype), ref, blocks=blocks)
+    # the baseline's side: the same for every kernel whose output has this dtype
+    bout, bs, bbound = _memo(p.memo, (o.key, o.name, out.dtype),
+                             lambda: _baseline_measure(o, ref, out.dtype, blocks))
     grad = o.name != "out"
     rec = base.replace(output=o.name, kernel_stats=ks, baseline_stats=bs,
                        bound_ratio=math.nan, baseline_bound_ratio=math.nan,
@@ -375,8 +473,7 @@ def _measure(spec: OpSpec, kern: Kernel, case: Case, device: str, o: _Output,
                                         grad)
     if o.scale is not None:
         rec.bound_ratio = _bound_ratio(out, ref, o.scale, ks.fmt)
-        rec.baseline_bound_ratio = _bound_ratio(o.baseline.detach().to(out.dtype), ref,
-                                                o.scale, ks.fmt)
+        rec.baseline_bound_ratio = bbound
         fin = torch.isfinite(ref) & torch.isfinite(o.scale)
         rn = float(ref[fin].norm())
         rec.cond = float(o.scale[fin].norm()) / rn if rn > 0 else 1.0
@@ -395,20 +492,35 @@ def _measure(spec: OpSpec, kern: Kernel, case: Case, device: str, o: _Output,
     return rec
 
 
+def _baseline_measure(o: _Output, ref: torch.Tensor, dtype: torch.dtype, blocks):
+    """The baseline in the kernel output's dtype, its ErrorStats and componentwise bound ratio."""
+    bout = o.baseline.detach().to(dtype)
+    bs = error_stats(bout, ref, blocks=blocks)
+    bbound = _bound_ratio(bout, ref, o.scale, bs.fmt) if o.scale is not None else math.nan
+    return bout, bs, bbound
+
+
+def _reference_forward(spec: OpSpec, p: _Prepared) -> torch.Tensor:
+    p.memo[("ref_graph", p.grads)] = _reference(spec, p)
+    return p.memo[("ref_graph", p.grads)][1]
+
+
 def run_case(spec: OpSpec, kern: Kernel, case: Case, device: str, *,
-             save_dir: str | Path | None = None) -> list[Record]:
-    """Run one case; returns one judged record for the output and one per gradient."""
+             save_dir: str | Path | None = None, memo: CaseMemo | None = None) -> list[Record]:
+    """Run one case; returns one judged record for the output and one per gradient.
+
+    memo: a CaseMemo to share the case's kernel-independent work (inputs, reference, baseline
+    and its statistics) with the next kernels that run the same case (numcheck.suite)."""
     base = _base_record(spec, kern, case, device)
     reason = kern.skip_reason(case, device)
     if reason:
         return [base.replace(status=Status.SKIPPED, reason=reason)]
-    p = _prepare(spec, kern, case, device)
+    p = _prepare(spec, kern, case, device, memo.of(spec, case, device) if memo else None)
     if p.skip:  # a parameter the case needs and the kernel does not take
         return [base.replace(status=Status.SKIPPED, reason=p.skip)]
-    base.input_digest = inputs.input_digest(p.exact, p.kwargs)
-    p.ref_in = _leaves(p.exact, p.grads)
+    base.input_digest = p.memo[("inputs",)][3]
     try:
-        p.ref = spec.reference(**p.ref_in, **p.kwargs)
+        p.ref = _memo(p.memo, ("ref", p.grads), lambda: _reference_forward(spec, p))
     except Exception as e:  # the op's own code failed: report it, keep the other cases
         return [base.replace(status=Status.ERROR,
                              reason=f"reference raised {type(e).__name__}: {e}")]

@@ -16,7 +16,10 @@ Definitions (each also in ErrorStats' field docs):
   error is zero too, else -inf and +inf; cosine = 1 when both vectors are zero, 0 when only one
   is; bias = 0 when there is no error, else +-inf.
 
-How. Each chunk takes one of two routes; both give the statistics defined above.
+How. On CPU, outputs stored in fmt itself (bf16, fp16, fp32, fp8) go through one compiled loop
+(numcheck._stats_cpu, numba) that reads each chunk once; on CUDA through one Triton kernel
+(numcheck._stats_cuda). Everything else, and those where numba or Triton is missing, takes the
+torch route: each chunk takes one of two routes; all give the statistics defined above.
 
 * Fast, where out's dtype is fmt itself and its values are exact in fp32 (bf16, fp16, fp32,
   fp8), and the chunk turns out all finite with its reference below fmt's overflow threshold
@@ -37,11 +40,11 @@ p99 comes from counts: a chunk whose largest distance is at most 2 ULP has its h
 its count, its nonzero count and its sum; other chunks add a bincount. Only a p99 in the
 histogram's clamped last bin (2^16 - 1 ULP; 511 on CUDA: a broken kernel) takes more passes
 (radix select). On CPU the chunks run on worker threads, one intra-op thread each (_map says
-why). On CUDA the general route runs compiled (torch.compile), a few fused kernels per 2^21
-elements; the chunks are its fallback where it cannot compile.
+why), the compiled loop's too (it releases the GIL).
 """
 from __future__ import annotations
 
+import importlib
 import math
 import os
 import threading
@@ -49,6 +52,7 @@ import warnings
 from concurrent.futures import ThreadPoolExecutor
 from typing import NamedTuple
 
+import numpy
 import torch
 
 from . import formats
@@ -57,13 +61,14 @@ from .errorstats import ErrorStats
 
 DEFAULT_BLOCK = 1024  # flat block size when the caller gives none: 1 bad element in 1024 costs >= 30 dB
 BLOCK_ENERGY_EPS = 1e-4  # low-energy floor: blocks 40 dB below the median block are judged at that level
-# Elements per CPU step. The fast route makes ~30 passes over each chunk, which must stay in
-# cache; each pass also costs a few microseconds of dispatch, so chunks cannot be small either.
-# 2^16 measured best on an AMD EPYC (512 KiB L2/core, 2 threads): TODO measure
+# Elements per CPU step (one worker thread's job). The fast route makes ~35 torch calls a chunk,
+# each a pass over its ~20 bytes an element of buffers and ~3 us of dispatch: 2^17 measured
+# fastest on an AMD EPYC (512 KiB L2 a core), 8.4 ns an element on one thread, 9.7 at 2^18;
+# under load 11.1 against 13.0 at 2^16.
 _CHUNK = 1 << 17
-# On CUDA each step is a few dozen kernel launches and host syncs: 2^17 measured 150x slower
-# than assert_close on an H200 and 2^21 24x, but 2^21 peaked at 209 MiB (> 3x a 64 MiB
-# output); 2^20 halves the temporaries (~15 x 8 MiB).
+# The CUDA fallback (no Triton): each step is a few dozen kernel launches and host syncs; 2^17
+# measured 150x slower than assert_close on an H200 and 2^21 24x, but 2^21 peaked at 209 MiB
+# (> 3x a 64 MiB output); 2^20 halves the temporaries (~15 x 8 MiB).
 _CHUNK_CUDA = 1 << 20
 _DIGIT = 16  # radix-select digit width for the exact p99
 _ROW = 64  # the fast route sets rare elements aside with their rows of (at most) this many
@@ -252,11 +257,12 @@ class _Hist:
         bins[:counts.numel()] += counts
         bins[0] -= padding
 
-    def total(self) -> torch.Tensor:
-        hist = torch.zeros(self.nbins, dtype=torch.int64, device=self.device)
+    def total(self) -> numpy.ndarray:
+        """The histogram on the host (numpy: a small call's few ops cost microseconds there)."""
+        hist = numpy.zeros(self.nbins, dtype=numpy.int64)
         for bins in self.bins.values():
-            hist += bins
-        hist[:_SMALL + 1] += torch.tensor(self.small, device=self.device)
+            hist += bins.cpu().numpy()
+        hist[:_SMALL + 1] += self.small
         return hist
 
 
@@ -336,7 +342,7 @@ def _fast_chunk(o, r, route: _Route, tr, tc, parts, buf: _Buffers, hist: _Hist) 
     if route.shift:
         d.add_(route.half).bitwise_right_shift_(route.right)  # ref rounded to nearest (no ties)
     if rows is not None:
-        d.view(-1, row).index_fill_(0, rows, 0)  # counted as 0 here; _measure_set_aside replaces them
+        d.view(-1, row).index_fill_(0, rows, 0)  # 0 here; _measure_set_aside replaces them
     dmin, dmax = torch.aminmax(d)
     max_u = max(-dmin.item(), dmax.item())
     # Sums in int32 where they cannot overflow: a sum into int64 first copies the chunk to int64.
@@ -375,8 +381,8 @@ def _general_d(o, o64, r64, f) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor
 
 
 def _general_totals(o, r, f: formats.Format, tr: int, tc: int, top: int = (1 << _DIGIT) - 1):
-    """The general route on one 2-D chunk, in tensors only (no host sync, no data-dependent
-    branch, so torch.compile can fuse it whole): (block sums [signal, noise, count] (3, k),
+    """The general route on one 2-D chunk, in tensors (the fused CUDA kernel computes the same
+    per element: numcheck._stats_cuda): (block sums [signal, noise, count] (3, k),
     float64 [sum out*ref, sum out^2, sum err, sum |err|, sum |ref|, max |err|, sum u, sum d,
     sum d toward larger magnitude], int64 [compared, NaN, inf, mismatch, max u, nonzero u], u
     clamped to ``top``, the histogram's last bin (0 where not compared))."""
@@ -462,6 +468,61 @@ def _chunked(out: torch.Tensor, ref: torch.Tensor, f: formats.Format, blocks):
     return parts, hist, blk
 
 
+def _compiled_cpu(out: torch.Tensor, ref: torch.Tensor, f: formats.Format, blocks):
+    """CPU: one compiled loop per chunk (numcheck._stats_cpu) on the worker threads, as
+    _chunked returns; None where it does not apply or numba is missing (then _chunked)."""
+    loop = _cpu_loop()
+    if loop is None or not loop.supports(out.dtype, f) or out.numel() == 0:
+        return None
+    k = loop.constants(out.dtype, f)
+    blk = torch.zeros(3, _n_blocks(out.shape, blocks), dtype=torch.float64)
+    hist = _Hist(out.device, _CPU_BINS)
+    jobs, at = [], 0
+    for o, r, (tr, tc) in _chunks(out.detach(), ref.detach(), blocks, _LOOP_CHUNK):
+        nb = -(-o.shape[0] // tr) * -(-o.shape[1] // tc)
+        jobs.append((o, r, tr, tc, blk[:, at:at + nb]))
+        at += nb
+
+    def one(job) -> _Part:
+        o, r, tr, tc, parts = job
+        r64 = r if r.dtype == torch.float64 else r.to(torch.float64)
+        bins = hist.bins.get(threading.get_ident())
+        if bins is None:  # one histogram a thread: integer counts, the order does not matter
+            bins = hist.bins[threading.get_ident()] = torch.zeros(_CPU_BINS, dtype=torch.int64)
+        sums = numpy.zeros((3, parts.shape[1]))
+        fl, it = loop.chunk(o.contiguous(), r64.contiguous(), tr, tc, k, sums, bins.numpy())
+        parts.copy_(torch.from_numpy(sums))
+        n, n_nan, n_inf, mismatch, max_u, s_u, s_d, s_mag = it.tolist()
+        return _Part(n, n_nan, n_inf, mismatch, tuple(fl.tolist()), (s_u, s_d, s_mag, max_u))
+
+    return list(_map(one, jobs, out.device)), hist, blk
+
+
+# The compiled loop's histogram: u < 4095 counted exactly (fp32 outputs of a TF32 or reordered
+# GEMM reach a few hundred ULP); a p99 beyond takes the radix passes.
+_CPU_BINS = 4096
+# Elements per job of the compiled loop: enough jobs for every thread, few enough that the
+# ~30 us of Python around each stays below 1% of its ~3 ms.
+_LOOP_CHUNK = 1 << 19
+_LOOP: dict = {}  # "module": numcheck._stats_cpu, or None where numba is missing or failed
+
+
+def _cpu_loop():
+    return _optional(_LOOP, "_stats_cpu", "no numba ({}); CPU tensors take the slower torch route")
+
+
+def _optional(cache: dict, name: str, missing: str):
+    """numcheck.<name> once imported, or None (warned once) where its compiler is missing."""
+    if "module" not in cache:
+        try:
+            cache["module"] = importlib.import_module(f"numcheck.{name}")
+        except ImportError as exc:
+            warnings.warn(f"numcheck.error_stats: {missing.format(exc)}", RuntimeWarning,
+                          stacklevel=4)
+            cache["module"] = None
+    return cache["module"]
+
+
 def _map(fn, jobs: list, device: torch.device):
     """fn over jobs, results in order. On a CPU with several intra-op threads, jobs run on as
     many worker threads, each doing its ops on one: torch's own split runs every op across
@@ -506,58 +567,33 @@ def _one_thread(ready: threading.Barrier) -> None:
 
 
 def _fused(out: torch.Tensor, ref: torch.Tensor, f: formats.Format, blocks):
-    """CUDA: the general route compiled (torch.compile: Inductor fuses its ~60 ops into a few
-    Triton kernels that read out and ref once each), chunk by chunk, summed on the device with
-    one host sync at the end; as _chunked returns, or None where nothing compiles (then
-    _chunked runs: the fallback)."""
-    if f.torch is not out.dtype or out.dtype not in _INT_VIEW or out.numel() == 0:
-        return None  # out's ordinal from its values (another grid, fp64): checked in Python
-    fn = _compiled()
-    if fn is None:
+    """CUDA: one Triton kernel over the whole tensor (numcheck._stats_cuda), as _chunked
+    returns; None where it does not apply or cannot run (then _chunked: the fallback)."""
+    kernel = _cuda_kernel()
+    if kernel is None or not kernel.supports(out.dtype, f) or ref.dtype != torch.float64 or \
+            out.numel() == 0 or not (out.is_contiguous() and ref.is_contiguous()):
         return None
-    blk = torch.zeros(3, _n_blocks(out.shape, blocks), dtype=torch.float64, device=out.device)
-    hist = _Hist(out.device, _FUSED_BINS)
-    bins = hist.bins[0] = torch.zeros(_FUSED_BINS, dtype=torch.int64, device=out.device)
-    floats, ints, at = [], [], 0
     try:
-        for o, r, (tr, tc) in _chunks(out, ref, blocks, _FUSED_CHUNK):
-            blocks_, fl, it, u = fn(o, r, f, tr, tc, _FUSED_BINS - 1)
-            blk[:, at:at + blocks_.shape[1]] = blocks_
-            at += blocks_.shape[1]
-            bins += torch.bincount(u.flatten(), minlength=bins.numel())
-            bins[0] -= o.numel() - it[0]  # elements not compared
-            floats.append(fl)
-            ints.append(it)
-    except UsageError:
-        raise
-    except Exception as exc:  # noqa: BLE001 - any compile failure: the chunked path
-        _COMPILED["fn"] = None
-        warnings.warn(f"numcheck.error_stats: the compiled CUDA kernel failed ({type(exc).__name__}:"
+        blk, floats, ints, bins = kernel.totals(out, ref, f, _grid(out.shape, blocks),
+                                                _FUSED_BINS - 1)
+    except Exception as exc:  # noqa: BLE001 - a GPU or Triton the kernel does not build on
+        _KERNEL["module"] = None
+        warnings.warn(f"numcheck.error_stats: the fused CUDA kernel failed ({type(exc).__name__}:"
                       f" {exc}); using the chunked path", RuntimeWarning, stacklevel=3)
         return None
-    parts = [_part(fl, it) for fl, it in zip(torch.stack(floats).tolist(),
-                                              torch.stack(ints).tolist())]
-    return parts, hist, blk
+    hist = _Hist(out.device, _FUSED_BINS)
+    hist.bins[0] = bins
+    return [_part(floats.tolist(), ints.tolist())], hist, blk
 
 
-_FUSED_CHUNK = 1 << 21  # elements per compiled CUDA step: Inductor keeps a few 8-byte buffers
-# CUDA's bincount keeps up to ~1000 bins in per-block memory and more in global atomics, which
-# serialize on bin 0 (most distances are 0): the fused pass counts u < 511 exactly, and a p99
-# at or beyond 511 ULP (a broken kernel) takes the radix passes.
+# The fused kernel's histogram: u < 511 exactly, a p99 beyond (a broken kernel) takes the radix
+# passes. Its bins are per-program registers, added into global memory at the end.
 _FUSED_BINS = 512
-_COMPILED: dict = {}  # "fn": the compiled _general_totals, or None where it cannot compile
+_KERNEL: dict = {}  # "module": numcheck._stats_cuda, or None where Triton is missing or failed
 
 
-def _compiled():
-    if "fn" not in _COMPILED:
-        try:
-            # dynamic: one compile serves every chunk and tensor size (a ragged last chunk too)
-            _COMPILED["fn"] = torch.compile(_general_totals, dynamic=True)
-        except Exception as exc:  # noqa: BLE001 - torch.compile unsupported here
-            warnings.warn(f"numcheck.error_stats: torch.compile unavailable ({exc}); using the "
-                          "chunked path on CUDA", RuntimeWarning, stacklevel=4)
-            _COMPILED["fn"] = None
-    return _COMPILED["fn"]
+def _cuda_kernel():
+    return _optional(_KERNEL, "_stats_cuda", "no Triton ({}); CUDA tensors take the chunked path")
 
 
 def error_stats(out: torch.Tensor, ref: torch.Tensor, fmt=None, *, blocks=None) -> ErrorStats:
@@ -579,7 +615,7 @@ def error_stats(out: torch.Tensor, ref: torch.Tensor, fmt=None, *, blocks=None) 
     f = formats.get(fmt if fmt is not None else out.dtype)
     ref = ref.to(out.device)
     _n_blocks(out.shape, blocks)  # a bad blocks= is a UsageError before any work
-    fused = _fused(out, ref, f, blocks) if out.is_cuda else None
+    fused = _fused(out, ref, f, blocks) if out.is_cuda else _compiled_cpu(out, ref, f, blocks)
     parts, hist, blk = fused if fused is not None else _chunked(out, ref, f, blocks)
     return _finish(out, ref, f, blocks, parts, hist, blk)
 
@@ -590,8 +626,9 @@ def _finish(out, ref, f, blocks, parts: list[_Part], hist: _Hist, blk) -> ErrorS
     sum_u, sum_d, sum_mag = (sum(p.ulps[i] for p in parts) for i in range(3))
     max_abs = max((p.floats[5] for p in parts), default=0.0)
     max_u = max((p.ulps[3] for p in parts), default=0)
-    s, e2 = blk[0].sum().item(), blk[1].sum().item()
-    mbs, worst, nblocks = _min_block_sqnr(*blk)
+    blk = blk.cpu().numpy()
+    s, e2 = float(blk[0].sum()), float(blk[1].sum())
+    mbs, worst, nblocks = _min_block_sqnr(blk)
 
     def mean(total) -> float:
         return total / n if n else 0.0
@@ -631,30 +668,44 @@ def _cosine(dot: float, o2: float, r2: float) -> float:
     return max(-1.0, min(1.0, dot / math.sqrt(o2 * r2)))
 
 
-def _min_block_sqnr(s: torch.Tensor, e: torch.Tensor, cnt: torch.Tensor) -> tuple[float, int, int]:
-    """Worst per-element-normalized block SQNR, its flat block index, and the block count."""
-    nblocks = int(s.numel())
+def _min_block_sqnr(blk: numpy.ndarray) -> tuple[float, int, int]:
+    """Worst per-element-normalized block SQNR, its flat block index, and the block count, from
+    the (3, blocks) [signal, noise, count] sums (numpy: microseconds where torch's small ops
+    cost a millisecond; the dB value by math.log10, the same on every CPU)."""
+    s, e, cnt = blk
+    nblocks = int(s.size)
     live = cnt > 0
-    if not bool(live.any()):
+    if not live.any():
         return math.inf, -1, nblocks
-    per_s = torch.where(live, s / cnt.clamp(min=1), 0.0)
-    per_e = torch.where(live, e / cnt.clamp(min=1), 0.0)
+    c = numpy.where(live, cnt, 1.0)
+    per_s = numpy.where(live, s / c, 0.0)
+    per_e = numpy.where(live, e / c, 0.0)
     # The floor follows the median block, not the mean: one block 1e6x louder would lift the
-    # mean by 120 dB and hide every other block's error (the NVFP4 scale-flush case).
-    floor = BLOCK_ENERGY_EPS * float(per_s[live].median())
-    signal = per_s.clamp(min=floor)
-    sq = torch.where(per_e > 0, 10.0 * torch.log10(signal / per_e.clamp(min=1e-300)), math.inf)
-    sq = torch.where(live, sq, math.inf)
-    worst = int(torch.argmin(sq))
-    return float(sq[worst]), worst, nblocks
+    # mean by 120 dB and hide every other block's error (the NVFP4 scale-flush case). The lower
+    # median of an even count, as torch.median.
+    live_s = per_s[live]
+    mid = (live_s.size - 1) // 2
+    floor = BLOCK_ENERGY_EPS * float(numpy.partition(live_s, mid)[mid])
+    signal = numpy.maximum(per_s, floor)
+    with numpy.errstate(divide="ignore", invalid="ignore"):
+        # noise over signal, the worst block the largest (NaN first, as an argmin of dB would)
+        ratio = numpy.where(live & (per_e > 0), per_e / signal, 0.0)
+    nan = numpy.isnan(ratio)
+    worst = int(numpy.argmax(nan)) if nan.any() else int(numpy.argmax(ratio))
+    if not ratio[worst] != 0:  # NaN, or no live block with an error
+        return (math.nan, worst, nblocks) if nan.any() else (math.inf, worst, nblocks)
+    q = float(signal[worst]) / float(per_e[worst])
+    return (10.0 * math.log10(q) if q > 0 else -math.inf), worst, nblocks
 
 
-def _histogram_rank(hist: torch.Tensor, rank: int) -> int:
-    """Smallest bin index whose cumulative count reaches rank (1-based)."""
-    return int(torch.searchsorted(torch.cumsum(hist, 0), rank))
+def _histogram_rank(hist, rank: int) -> int:
+    """Smallest bin index whose cumulative count reaches rank (1-based); hist: numpy or torch."""
+    if isinstance(hist, torch.Tensor):
+        hist = hist.cpu().numpy()
+    return int(numpy.searchsorted(numpy.cumsum(hist), rank))
 
 
-def _p99(out, ref, f, blocks, n: int, max_u: int, hist: torch.Tensor) -> int:
+def _p99(out, ref, f, blocks, n: int, max_u: int, hist: numpy.ndarray) -> int:
     """Exact nearest-rank p99 of the ULP distances: the pass's histogram, then, only where p99
     lies in its last (clamped) bin, radix select over that tail, 16 bits a pass."""
     if n == 0:
@@ -664,7 +715,7 @@ def _p99(out, ref, f, blocks, n: int, max_u: int, hist: torch.Tensor) -> int:
     if rank <= below_tail:
         return _histogram_rank(hist, rank)
     rank -= below_tail
-    tail = hist.numel() - 1
+    tail = hist.size - 1
     mask = (1 << _DIGIT) - 1
     prefix, shift = 0, max(_DIGIT, (max_u.bit_length() - 1) // _DIGIT * _DIGIT)
     while True:

@@ -16,7 +16,7 @@ from .catalog import ops as catalog_ops
 from .golden import GoldenError
 from .records import Golden, Record, Status, failing, to_json
 from .registry import Kernel, OpSpec
-from .run import run_case, verify
+from .run import CaseMemo, run_case, verify
 
 # Fields a suite attaches to each pytest report (kept small: JUnit XML carries them too).
 _SLIM = ("op", "kernel", "case_id", "output", "status", "reason", "golden", "kernel_sqnr_db",
@@ -25,14 +25,16 @@ _SLIM = ("op", "kernel", "case_id", "output", "status", "reason", "golden", "ker
 
 def suite_cases(cases: str, ops: list[str] | None = None,
                 suite: str = "ops") -> list[tuple[OpSpec, Kernel, Case]]:
-    """Every (op, built-in kernel, case) of the case set, in a stable order; ``suite`` picks
-    the built-in ops of that suite ("ops" or "quant")."""
+    """Every (op, built-in kernel, case) of the case set, in a stable order: op by op, case by
+    case, the kernels of a case one after another (they share its inputs, reference and
+    baseline: numcheck.run.CaseMemo); ``suite`` picks the built-in ops of that suite ("ops" or
+    "quant")."""
     out = []
     for spec in [get_op(n) for n in sorted(ops)] if ops else catalog_ops(suite):
-        name = spec.name
-        for kname in sorted(kernels(name)):
-            for case in spec.grid(cases):
-                out.append((spec, kernels(name)[kname], case))
+        kerns = kernels(spec.name)
+        names = sorted(kerns)
+        for case in spec.grid(cases):
+            out.extend((spec, kerns[k], case) for k in names)
     return out
 
 
@@ -74,12 +76,13 @@ class SuiteContext:
     """
 
     def __init__(self, device: str, case_set: str, session, record_property,
-                 suite: str | None) -> None:
+                 suite: str | None, memo: CaseMemo | None = None) -> None:
         self.device = device
         self.case_set = case_set
         self.session = session
         self._record_property = record_property
         self.suite = suite
+        self.memo = memo  # the last case's shared work (numcheck.run.CaseMemo), or None
 
     @property
     def mode(self) -> str:
@@ -112,7 +115,7 @@ class SuiteContext:
     def check_case(self, item) -> list[Record]:
         """Run one suite item; raises pytest's skip/fail/xfail outcomes."""
         spec, kern, case = item
-        return self.check_records(run_case(spec, kern, case, self.device))
+        return self.check_records(run_case(spec, kern, case, self.device, memo=self.memo))
 
     def check_records(self, records: list[Record]) -> list[Record]:
         import pytest

@@ -2,9 +2,10 @@
 from __future__ import annotations
 
 import pytest
-import torch
 
-from numcheck import _allocator
+from numcheck import _allocator  # first: it sets OMP_WAIT_POLICY before torch loads OpenMP
+
+import torch  # noqa: E402, I001
 
 
 def pytest_configure(config):

@@ -495,7 +495,13 @@ def _compiled_cpu(out: torch.Tensor, ref: torch.Tensor, f: formats.Format, block
         n, n_nan, n_inf, mismatch, max_u, s_u, s_d, s_mag = it.tolist()
         return _Part(n, n_nan, n_inf, mismatch, tuple(fl.tolist()), (s_u, s_d, s_mag, max_u))
 
-    return list(_map(one, jobs, out.device)), hist, blk
+    try:
+        return list(_map(one, jobs, out.device)), hist, blk
+    except Exception as exc:  # noqa: BLE001 - numba that cannot compile here: the torch route
+        _LOOP["module"] = None
+        warnings.warn(f"numcheck.error_stats: the compiled CPU loop failed ({type(exc).__name__}:"
+                      f" {exc}); using the torch route", RuntimeWarning, stacklevel=3)
+        return None
 
 
 # The compiled loop's histogram: u < 4095 counted exactly (fp32 outputs of a TF32 or reordered

@@ -347,3 +347,24 @@ def test_cuda_fused_kernel_equals_the_chunked_fallback(dtype, shape, blocks):
     assert fused is not None, "the fused CUDA kernel did not run (see the warning)"
     _assert_matches(stats._finish(o, r, f, blocks, *fused), want)
     _assert_matches(stats._finish(o, r, f, blocks, *stats._chunked(o, r, f, blocks)), want)
+
+
+def test_a_loop_that_fails_falls_back_to_the_torch_route(monkeypatch):
+    """numba present but failing (a CPU or version it cannot compile for): warned once, the same
+    statistics from the torch route, and later calls go straight there."""
+    pytest.importorskip("numba")
+    out, ref = _adversarial(torch.bfloat16, (3, 129, 130), seed=2)
+    want = _oracle(out, ref, None)
+
+    class Broken:
+        supports = staticmethod(lambda dtype, f: True)
+        constants = staticmethod(lambda dtype, f: ())
+
+        @staticmethod
+        def chunk(*args):
+            raise RuntimeError("no LLVM target")
+
+    monkeypatch.setitem(stats._LOOP, "module", Broken)
+    with pytest.warns(RuntimeWarning, match="compiled CPU loop failed"):
+        _assert_matches(nc.error_stats(out, ref), want)
+    assert stats._LOOP["module"] is None

@@ -2,15 +2,17 @@
 
 One call takes one 2-D chunk (``stats._chunks``) and leaves, per block of the chunk, the signal
 and noise energies and the compared count; for the chunk, the partial sums, maxima and counts,
-and it adds the ULP distances into a histogram. No per-element temporary exists: the torch route
-makes ~35 passes over chunk-sized buffers, this one makes one, so error_stats runs near memory
-speed and a small call costs microseconds, not milliseconds.
+and it adds the ULP distances into a histogram. No chunk-sized temporary exists (three
+512-element scratch arrays): the torch route makes ~35 passes over chunk-sized buffers, this one
+makes one, so error_stats runs at a quarter of copy bandwidth and a small call costs
+microseconds of work, not milliseconds.
 
-The arithmetic is the general route's (``stats._general_totals``; numcheck._stats_cuda is the
-same loop in Triton): the reference rounded to fmt as ``formats.round_with_ordinal`` does it
-(exponent from the float64 bits, an exact power-of-two scaling, floor, ties to even, the
-format's own overflow: inf, or NaN where fmt has none); out's ordinal, class and value decoded
-from its bits. It serves outputs stored in fmt itself (bf16, fp16, fp32, fp8). Sums run in
+The statistics are the general route's (``stats._general_totals``; numcheck._stats_cuda is the
+same pass in Triton): the reference rounded to fmt's grid to nearest, ties to even, with the
+format's own overflow (inf, or NaN where fmt has none), as ``formats.round_with_ordinal`` does,
+here as an ordinal: its float64 exponent gives the binade, its fraction times 2^mbits the
+position inside it, rounded to an integer by adding and subtracting 2^52; out's ordinal, class
+and value are decoded from its bits. It serves outputs stored in fmt itself (bf16, fp16, fp32, fp8). Sums run in
 element order in float64 (no fastmath: LLVM neither reassociates nor contracts them into FMAs),
 so the figures do not depend on the CPU's vector width; ULP sums are exact int64.
 
@@ -29,8 +31,8 @@ from . import formats
 # same for every format, and no fp8 conversion to depend on).
 _BITS = {torch.bfloat16: torch.int16, torch.float16: torch.int16, torch.float32: torch.int32,
          torch.float8_e4m3fn: torch.int8, torch.float8_e5m2: torch.int8}
-# 2.0**k for k in [-_P, _P]: every scaling the loop needs for formats up to fp32 (exponents
-# within +-(128 + 52)); a table read instead of ldexp's library call.
+# 2.0**k for k in [-_P, _P]: the scalings of the subnormal steps and of the scalar
+# classification pass for formats up to fp32 (exponents within +-(128 + 52)); no ldexp call.
 _P = 200
 _POW2 = np.array([float.fromhex(f"0x1p{k}") for k in range(-_P, _P + 1)], dtype=np.float64)
 NF, NI = 6, 8  # the float and integer totals _loop leaves (its doc)

@@ -472,8 +472,9 @@ def _compiled_cpu(out: torch.Tensor, ref: torch.Tensor, f: formats.Format, block
     """CPU: one compiled loop per chunk (numcheck._stats_cpu) on the worker threads, as
     _chunked returns; None where it does not apply or numba is missing (then _chunked)."""
     loop = _cpu_loop()
-    if loop is None or not loop.supports(out.dtype, f) or out.numel() == 0:
-        return None
+    if loop is None or not loop.supports(out.dtype, f) or out.numel() == 0 or \
+            type(out) is not torch.Tensor or type(ref) is not torch.Tensor:  # noqa: E721
+        return None  # (a tensor subclass may not hand its memory to numpy: the torch route)
     k = loop.constants(out.dtype, f)
     blk = torch.zeros(3, _n_blocks(out.shape, blocks), dtype=torch.float64)
     hist = _Hist(out.device, _CPU_BINS)
@@ -498,7 +499,7 @@ def _compiled_cpu(out: torch.Tensor, ref: torch.Tensor, f: formats.Format, block
     try:
         return list(_map(one, jobs, out.device)), hist, blk
     except Exception as exc:  # noqa: BLE001 - numba that cannot compile here: the torch route
-        _LOOP["module"] = None
+        _LOOP["module"] = None  # for the rest of the process: a compile failure does not heal
         warnings.warn(f"numcheck.error_stats: the compiled CPU loop failed ({type(exc).__name__}:"
                       f" {exc}); using the torch route", RuntimeWarning, stacklevel=3)
         return None

@@ -23,7 +23,7 @@ from pathlib import Path
 
 import torch
 
-from numcheck import _allocator
+from numcheck import _process
 from numcheck.convergence.run import RUN_SETTINGS, converge
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -73,7 +73,7 @@ def main() -> None:
     p.add_argument("--models", default="mlp,tiny_lm,tiny_dit")
     p.add_argument("--json", default=None)
     a = p.parse_args()
-    _allocator.tune()  # as `numcheck run` does
+    _process.tune()  # as `numcheck run` does
     print(f"torch {torch.__version__}, quick: seeds {RUN_SETTINGS['quick']['seeds']} x "
           f"{QUICK_STEPS} steps; full: seeds {RUN_SETTINGS['full']['seeds']} x "
           f"{RUN_SETTINGS['full']['steps']} steps", flush=True)

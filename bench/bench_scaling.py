@@ -19,7 +19,7 @@ import time
 import torch
 
 import numcheck as nc
-from numcheck import _allocator
+from numcheck import _process
 from numcheck.cases import Case
 from numcheck.catalog import get_op, kernels
 
@@ -50,7 +50,7 @@ def main() -> None:
     p.add_argument("--ops", default="gelu,rms_norm,matmul")
     p.add_argument("--repeat", type=int, default=3)
     a = p.parse_args()
-    _allocator.tune()  # as `numcheck run` does
+    _process.tune()  # as `numcheck run` does
     print(f"torch {torch.__version__}, threads {torch.get_num_threads()}, bf16 cases")
     print("| op | log2 n | shape | verify s | error_stats s | verify ns/element |")
     print("|---|---|---|---|---|---|")

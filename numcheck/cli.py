@@ -314,9 +314,9 @@ def _pytest(args: argparse.Namespace, extra: list[str], replaces=None) -> int:
     import subprocess
     from pathlib import Path
 
-    # -p numcheck._allocator: glibc thresholds for numcheck's float64 temporaries (its docstring)
+    # -p numcheck._process: glibc thresholds for numcheck's float64 temporaries (its docstring)
     cmd = [sys.executable, "-m", "pytest", *_suite_files(args.suite), "-q", "-p", "no:cacheprovider",
-           "-p", "numcheck._allocator", f"--numcheck-cases={args.cases}", *extra]
+           "-p", "numcheck._process", f"--numcheck-cases={args.cases}", *extra]
     if args.keyword:
         cmd += ["-k", args.keyword]
     if args.device:

@@ -3,13 +3,13 @@ from __future__ import annotations
 
 import pytest
 
-from numcheck import _allocator  # first: it sets OMP_WAIT_POLICY before torch loads OpenMP
+from numcheck import _process  # first: it sets OMP_WAIT_POLICY before torch loads OpenMP
 
 import torch  # noqa: E402, I001
 
 
 def pytest_configure(config):
-    _allocator.tune()  # the allocator `numcheck run` gives the suites (numcheck/_allocator.py)
+    _process.tune()  # the allocator `numcheck run` gives the suites (numcheck/_process.py)
 
 
 @pytest.fixture(scope="module")

@@ -1,5 +1,6 @@
-"""glibc's allocator tuned for numcheck's many short-lived tensors: a pytest plugin that
-``numcheck run`` loads with ``-p`` (and numcheck's own tests through their conftest).
+"""Process tuning for numcheck's pytest runs: glibc's allocator for numcheck's many short-lived
+tensors, and OpenMP's wait policy in xdist workers (below). A pytest plugin that ``numcheck
+run`` loads with ``-p`` (and numcheck's own tests through their conftest).
 
 Why: numcheck's exact float64 arithmetic allocates a fresh temporary of 0.1-30 MiB per
 elementwise op. glibc serves blocks above its mmap threshold (128 KiB at start) with mmap and

@@ -117,6 +117,67 @@ def test_baseline_is_the_recursive_fp32_loop():
     assert mm.matmul_baseline(a, b).dtype == torch.bfloat16
 
 
+_GEMM_SHAPES = [((64, 64), (64, 64)), ((7, 1025), (1025, 33)), ((2, 33, 129), (129, 17)),
+                ((3, 1, 5, 7), (2, 7, 4)), ((4, 0), (0, 5)), ((0, 3), (3, 2)), ((1, 1), (1, 1))]
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
+@pytest.mark.parametrize("sa,sb", _GEMM_SHAPES)
+def test_compiled_baseline_equals_the_torch_loop_bitwise(dtype, sa, sb):
+    """numcheck._gemm_cpu is the rank-1 loop's arithmetic: same bits (fp32 products round, so an
+    FMA contraction would show), on heavy-tailed values with inf, NaN, -0 and subnormals."""
+    pytest.importorskip("numba")
+    g = torch.Generator().manual_seed(11)
+    a = (torch.randn(sa, generator=g) * torch.exp(3 * torch.randn(sa, generator=g))).to(dtype)
+    b = torch.randn(sb, generator=g).to(dtype)
+    flat = a.view(-1)
+    specials = [float("inf"), float("nan"), -0.0, 1e-41 if dtype is torch.float32 else 1e-7]
+    flat[: len(specials)] = torch.tensor(specials[: flat.numel()]).to(dtype)
+    assert mm._compiled_gemm(a.float(), b.float()) is not None
+    out = mm.naive_gemm32(a, b)
+    loop = mm._gemm_rank1(a.float(), b.float())
+    assert out.shape == loop.shape and out.dtype == torch.float32
+    assert torch.equal(out.view(torch.int32), loop.view(torch.int32))
+
+
+def test_compiled_baseline_gradients_are_the_loop_on_the_upstream_gradient():
+    """Backward: grad_a = naive_gemm32(g, b^T), grad_b = naive_gemm32(a^T, g) (broadcast dims
+    summed), in the operands' dtype, within gamma_K of float64 autograd; the torch loop's
+    autograd agrees within the same bound."""
+    pytest.importorskip("numba")
+    g = torch.Generator().manual_seed(5)
+    a = torch.randn(2, 33, 129, generator=g).to(torch.bfloat16).requires_grad_()
+    b = torch.randn(129, 17, generator=g).to(torch.bfloat16).requires_grad_()
+    up = torch.randn(2, 33, 17, generator=g)
+    ga, gb = torch.autograd.grad(mm.naive_gemm32(a, b), [a, b], up)
+    assert ga.dtype == gb.dtype == torch.bfloat16
+    af, bf = a.detach().float(), b.detach().float()
+    assert torch.equal(ga, mm.naive_gemm32(up, bf.mT).to(torch.bfloat16))
+    assert torch.equal(gb, mm.naive_gemm32(af.mT, up).sum(0).to(torch.bfloat16))
+    a64, b64 = af.double().requires_grad_(), bf.double().requires_grad_()
+    exact = torch.autograd.grad(a64 @ b64, [a64, b64], up.double())
+    a32, b32 = af.clone().requires_grad_(), bf.clone().requires_grad_()
+    loop = torch.autograd.grad(mm._gemm_rank1(a32, b32), [a32, b32], up)
+    # one bf16 rounding of the gradient + gamma_n of its fp32 sum (n = 17 outputs for grad_a,
+    # 2 x 33 rows for grad_b), |g| |b^T| and |a^T| |g| the scales
+    ua, ub, ug = a64.detach().abs(), b64.detach().abs(), up.double().abs()
+    scales = ((ug @ ub.mT), (ua.mT @ ug).sum(0))
+    for got, old, e, scale, n in zip((ga, gb), loop, exact, scales, (17, 66)):
+        bound = (2.0**-8 + n * 2.0**-24) * scale + 1e-30
+        assert bool(((got.double() - e).abs() <= bound).all())
+        assert bool(((old.double() - e).abs() <= n * 2.0**-24 * scale + 1e-30).all())
+
+
+def test_baseline_without_numba_is_the_torch_loop(monkeypatch):
+    """Where numba is missing the torch loop runs (and autograd differentiates it)."""
+    monkeypatch.setitem(mm._GEMM_CPU, "module", None)
+    a = torch.randn(3, 4, dtype=torch.float64, requires_grad=True)
+    b = torch.randn(4, 2, dtype=torch.float64, requires_grad=True)
+    out = mm.naive_gemm32(a, b)
+    assert out.grad_fn is not None and "NaiveGemm32" not in type(out.grad_fn).__name__
+    assert torch.equal(out, mm._gemm_rank1(a.float(), b.float()))
+
+
 # ---- grids ------------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("op", ["matmul", "linear"])

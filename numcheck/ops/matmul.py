@@ -26,8 +26,9 @@ Gradients come from float64 autograd through that formula (tests/test_ops_matmul
 gradcheck on it and cross-checks it against float64 ``@``).
 
 Baseline (DESIGN rule 4): the textbook GEMM loop in fp32, acc += a[:, k] b[k, :] for k = 0..K-1
-(K rank-1 updates of plain torch ops; autograd gives its gradients), rounded once to the compute
-dtype. That is the naive form of what every real GEMM does: fp32 accumulation (bf16/fp16 products
+(K rank-1 updates of plain torch ops; on CPU the same arithmetic compiled, bit for bit; its
+gradients are the same loop on the upstream gradient), rounded once to the compute dtype. That
+is the naive form of what every real GEMM does: fp32 accumulation (bf16/fp16 products
 are exact in fp32; fp32 products round), a recursive sum over K. No GEMM is called, so the
 baseline is never the kernel under test (a bf16 kernel's oneDNN/cuBLAS path, or fp32's sgemm).
 Why not torch.sum over a broadcast product: its cascade summation is ~10x more accurate than a
@@ -177,11 +178,23 @@ def naive_gemm32(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     """The textbook GEMM loop in fp32: acc = acc + a[..., :, k] b[..., k, :] for k = 0 .. K-1.
 
     A recursive sum over K (Higham's gamma_K is its bound), product and sum rounded separately,
-    vectorized over the output; K rank-1 updates of plain torch ops, so autograd differentiates
-    it. bf16/fp16 products are exact in fp32. Measured on N(0,1), K = 4096: rel_l2 19 u_fp32,
-    where torch's blocked CPU sgemm gives 4.4 u and its M = 1 path 20 u (the same recursion).
+    vectorized over the output. bf16/fp16 products are exact in fp32. Measured on N(0,1),
+    K = 4096: rel_l2 19 u_fp32, where torch's blocked CPU sgemm gives 4.4 u and its M = 1 path
+    20 u (the same recursion). CPU tensors run it compiled (numcheck._gemm_cpu: the same bits,
+    no K passes over the output); elsewhere K rank-1 updates of torch ops. Gradients: the same
+    loop on the upstream gradient (grad_a = naive_gemm32(g, b^T), grad_b = naive_gemm32(a^T, g)),
+    i.e. the backward GEMMs' own naive baseline, summed in order on every ISA.
     """
     a, b = a.float(), b.float()
+    if _compiled_gemm(a, b) is None:
+        return _gemm_rank1(a, b)
+    if torch.is_grad_enabled() and (a.requires_grad or b.requires_grad):
+        return _NaiveGemm32.apply(a, b)
+    return _GEMM_CPU["module"].gemm(a, b)
+
+
+def _gemm_rank1(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """naive_gemm32 as K rank-1 updates of torch ops (any device; autograd differentiates it)."""
     acc = None
     for ak, bk in zip(a.unbind(-1), b.unbind(-2)):
         p = ak.unsqueeze(-1) * bk.unsqueeze(-2)
@@ -190,6 +203,43 @@ def naive_gemm32(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
         lead = torch.broadcast_shapes(a.shape[:-2], b.shape[:-2])
         acc = torch.zeros((*lead, a.shape[-2], b.shape[-1]), device=a.device)
     return acc
+
+
+_GEMM_CPU: dict = {}
+
+
+def _compiled_gemm(a: torch.Tensor, b: torch.Tensor):
+    """numcheck._gemm_cpu for plain CPU tensors where numba imports (else None: the torch loop;
+    tensor subclasses keep it too, numpy may not reach their memory)."""
+    if not (type(a) is torch.Tensor and type(b) is torch.Tensor
+            and a.device.type == "cpu" and b.device.type == "cpu"):
+        return None
+    if "module" not in _GEMM_CPU:
+        try:
+            from .. import _gemm_cpu
+        except ImportError:
+            _gemm_cpu = None
+        _GEMM_CPU["module"] = _gemm_cpu
+    return _GEMM_CPU["module"]
+
+
+class _NaiveGemm32(torch.autograd.Function):
+    """naive_gemm32 of fp32 CPU tensors with its backward written as two naive_gemm32 calls."""
+
+    @staticmethod
+    def forward(ctx, a, b):
+        ctx.save_for_backward(a, b)
+        return _GEMM_CPU["module"].gemm(a, b)
+
+    @staticmethod
+    def backward(ctx, g):
+        a, b = ctx.saved_tensors
+        ga = gb = None
+        if ctx.needs_input_grad[0]:
+            ga = naive_gemm32(g, b.mT).sum_to_size(a.shape)
+        if ctx.needs_input_grad[1]:
+            gb = naive_gemm32(a.mT, g).sum_to_size(b.shape)
+        return ga, gb
 
 
 def matmul_baseline(a, b):

@@ -1,7 +1,8 @@
 """numcheck: numerical validation of training kernels and low-precision paths.
 
 Public names (docs/DESIGN.md, "Public contract"): ``round_to``, ``ulp_distance``,
-``error_stats`` / ``ErrorStats``, ``verify`` / ``Verification``, ``kernel``, ``op``, the format
+``error_stats`` / ``ErrorStats``, ``verify`` / ``Verification``, ``kernel``, ``op``,
+``fingerprint`` / ``Fingerprint``, the format
 table ``FORMATS`` and the exception tree (``NumcheckError``, ``UsageError``).
 
 The names whose modules import torch load on first use (PEP 562), so that importing a submodule
@@ -17,7 +18,7 @@ from .errorstats import ErrorStats
 from .version import __version__
 
 __all__ = ["FORMATS", "ErrorStats", "Format", "NumcheckError", "Policy", "UsageError",
-           "Verification", "error_stats", "kernel", "op", "round_to", "ulp_distance", "verify",
+           "Verification", "error_stats", "fingerprint", "kernel", "op", "round_to", "ulp_distance", "verify",
            "__version__"]
 
 
@@ -33,6 +34,8 @@ def __getattr__(name: str) -> Any:
         from . import run as home
     elif name == "error_stats":
         from . import stats as home
+    elif name in ("fingerprint", "Fingerprint"):
+        from . import forensics as home
     else:
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
     value = globals()[name] = getattr(home, name)

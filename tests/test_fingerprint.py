@@ -1,0 +1,186 @@
+"""nc.fingerprint on kernels of our own whose accumulation is known by construction.
+
+Each kernel below is a matmul written from its definition: products of bf16 inputs (exact in
+fp32), summed over K in a stated order with a stated rounding. The fingerprint must name what
+the kernel was built to do. The trees and roundings are written here, independently of
+numcheck.forensics' own hypotheses.
+"""
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import numcheck as nc
+from numcheck.errors import UsageError
+from numcheck.forensics import Fingerprint, fingerprint
+
+
+def _rne(x, y):
+    return x + y  # float32 tensors: one IEEE addition, round to nearest even
+
+
+def _rz(x, y):
+    """fp32 addition rounded toward zero: the RNE sum moved one step toward zero where the
+    exact sum lies below it in magnitude (TwoSum gives the exact error in fp32)."""
+    s = x + y
+    bb = s - x
+    err = (x - (s - bb)) + (y - bb)
+    toward_zero = (err != 0) & (torch.sign(err) != torch.sign(s))
+    return torch.where(toward_zero, torch.nextafter(s, torch.zeros_like(s)), s)
+
+
+def _seq(xs, add):
+    acc = xs[0]
+    for x in xs[1:]:
+        acc = add(acc, x)
+    return acc
+
+
+def _pair(xs, add):
+    if len(xs) == 1:
+        return xs[0]
+    h = len(xs) // 2
+    return add(_pair(xs[:h], add), _pair(xs[h:], add))
+
+
+def _blocks(k):
+    return lambda xs, add: _seq([_seq(xs[i:i + k], add) for i in range(0, len(xs), k)], add)
+
+
+def _splits(s):
+    return lambda xs, add: _blocks(-(-len(xs) // s))(xs, add)
+
+
+def _bf16_partials(k):
+    """Partial sums of k products in fp32, each rounded to bf16, added into an fp32 total."""
+    def tree(xs, add):
+        parts = [_seq(xs[i:i + k], add).bfloat16().float() for i in range(0, len(xs), k)]
+        return _seq(parts, add)
+    return tree
+
+
+def _kernel(tree, add=_rne):
+    def matmul(a, b):
+        prods = a.float()[:, :, None] * b.float()[None, :, :]  # (M, K, N), exact for bf16
+        return tree(list(prods.unbind(1)), add).to(a.dtype)
+    return matmul
+
+
+def _batch_dependent(a, b):
+    """Split-K in two halves when the batch has 16 rows or more, one sequential sum below."""
+    return _kernel(_splits(2) if a.shape[0] >= 16 else _seq)(a, b)
+
+
+def _random_order(a, b):
+    perm = torch.randperm(a.shape[1])  # a new order on every call
+    return _kernel(_seq)(a[:, perm], b[perm])
+
+
+@pytest.mark.parametrize("tree,order", [(_seq, "sequential"), (_pair, "pairwise"),
+                                        (_blocks(64), "blocked:64"), (_splits(4), "split:4"),
+                                        (_blocks(16), "blocked:16")])
+def test_summation_orders_told_apart(tree, order):
+    fp = fingerprint("matmul", _kernel(tree), dtype="bf16", device="cpu")
+    assert fp.order == order, fp.evidence["order"]
+    assert (fp.acc_bits, fp.acc_rounding, fp.promote_every) == (23, "rne", None), fp
+    assert fp.deterministic and fp.batch_invariant
+
+
+def test_bf16_partial_sums_every_16():
+    fp = fingerprint("matmul", _kernel(_bf16_partials(16)), dtype="bf16", device="cpu")
+    assert (fp.acc_bits, fp.promote_every, fp.order) == (7, 16, "blocked:16"), fp
+    assert fp.acc_rounding == "rne"
+
+
+def test_truncating_accumulation():
+    fp = fingerprint("matmul", _kernel(_seq, _rz), dtype="bf16", device="cpu")
+    assert (fp.acc_bits, fp.acc_rounding, fp.order) == (23, "rz", "sequential"), fp
+
+
+def test_batch_dependent_split_is_not_batch_invariant():
+    fp = fingerprint("matmul", _batch_dependent, dtype="bf16", device="cpu")
+    assert not fp.batch_invariant and fp.deterministic, fp
+    assert "differ" in fp.evidence["batch_invariant"]
+    assert fp.order == "split:2"  # the probes run 256 rows a call
+
+
+def test_random_order_is_not_deterministic():
+    torch.manual_seed(0)
+    fp = fingerprint("matmul", _random_order, dtype="bf16", device="cpu")
+    assert not fp.deterministic, fp
+    assert "ULP" in fp.evidence["deterministic"]
+    assert fp.order == "unknown"  # a different order on every probe call
+
+
+def test_torch_cpu_matmul_fingerprints():
+    """torch's CPU GEMMs (docs/fingerprints.md says what they mean): fp32 accumulation with
+    round to nearest even in every dtype, deterministic."""
+    for dtype in ("fp32", "bf16", "fp16"):
+        fp = nc.fingerprint("matmul", torch.matmul, dtype=dtype, device="cpu")
+        assert (fp.acc_bits, fp.acc_rounding, fp.promote_every) == (23, "rne", None), fp
+        assert fp.deterministic
+        assert fp.order != "unknown", fp.evidence["order"]
+
+
+def test_linear_and_sdpa_probes_run():
+    fp = fingerprint("linear", F.linear, dtype="bf16", device="cpu")
+    assert fp.acc_bits == 23 and fp.op == "linear"
+    fp = fingerprint("sdpa", F.scaled_dot_product_attention, dtype="fp32", device="cpu")
+    assert fp.acc_bits == 23 and fp.deterministic
+
+
+def test_fp16_probes_are_exact():
+    fp = fingerprint("matmul", _kernel(_pair), dtype="fp16", device="cpu")
+    assert (fp.order, fp.acc_bits) == ("pairwise", 23), fp
+
+
+def test_registered_kernel_by_name_and_as_dict():
+    fp = fingerprint("matmul", "torch", dtype="bf16", device="cpu")
+    d = fp.as_dict()
+    assert d["kernel"] == "torch" and set(fp.properties()) <= set(d)
+    assert isinstance(fp, Fingerprint) and "acc_bits" in str(fp)
+
+
+@pytest.mark.parametrize("args,match", [(("softmax", torch.softmax), "no probe"),
+                                        (("sdpa", F.scaled_dot_product_attention, "fp16"),
+                                         "dtype"),
+                                        (("matmul", "no_such_kernel"), "no kernel")])
+def test_usage_errors(args, match):
+    op, fn, *dt = args
+    with pytest.raises(UsageError, match=match):
+        fingerprint(op, fn, dtype=dt[0] if dt else "bf16", device="cpu")
+
+
+def test_failing_kernel_is_named():
+    def broken(a, b):
+        raise RuntimeError("boom")
+    with pytest.raises(UsageError, match="matmul kernel raised RuntimeError.*boom"):
+        fingerprint("matmul", broken, dtype="bf16", device="cpu")
+
+
+@pytest.mark.parametrize("mode", ["rne", "rz", "rd", "ru"])
+def test_order_simulation_rounds_like_fp32_hardware(mode):
+    """The hypotheses' simulated accumulator (p = 23) against fp32 additions rounded by torch
+    (RNE) and nextafter (directed), powers of two approached from both sides included."""
+    from numcheck.forensics import _round_bits
+    g = torch.Generator().manual_seed(0)
+    n = 50_000
+    a = torch.randn(n, generator=g) * torch.exp2(torch.randint(-30, 30, (n,), generator=g).float())
+    b = torch.randn(n, generator=g) * torch.exp2(torch.randint(-30, 30, (n,), generator=g).float())
+    a[:64], b[:64] = torch.exp2(torch.arange(64.0) - 32), -(2.0 ** -40)
+    a[64:128], b[64:128] = -torch.exp2(torch.arange(64.0) - 32), 2.0 ** -40
+    s = a + b
+    bb = s - a
+    err = (a - (s - bb)) + (b - bb)
+    step = {"rne": torch.zeros_like(s), "rz": torch.zeros_like(s),
+            "rd": torch.full_like(s, -torch.inf), "ru": torch.full_like(s, torch.inf)}[mode]
+    move = {"rne": torch.zeros_like(s, dtype=torch.bool),
+            "rz": (err != 0) & (torch.sign(err) != torch.sign(s)),
+            "rd": err < 0, "ru": err > 0}[mode]
+    want = torch.where(move, torch.nextafter(s, step), s).double()
+    A, B = a.double(), b.double()
+    S = A + B
+    bb64 = S - A
+    got = _round_bits(S, (A - (S - bb64)) + (B - bb64), 23, mode)
+    assert torch.equal(got, want)

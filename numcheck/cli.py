@@ -271,6 +271,52 @@ def _verify(args: argparse.Namespace) -> int:
     return EXIT_OK if v.passed else EXIT_FAILED
 
 
+# --- fingerprint --------------------------------------------------------------------------------
+
+@_command("fingerprint", help="how a kernel accumulates: accumulator bits, promotion, rounding, "
+                              "summation order, determinism, batch invariance",
+          arguments=(
+              _arg("--op", required=True, help="matmul, linear or sdpa"),
+              _arg("--kernel", required=True,
+                   help="module:function of your kernel, or a built-in kernel's name"),
+              _arg("--dtype", default="bf16", help="bf16, fp16 or fp32 (sdpa: bf16, fp32)"),
+              _arg("--device", default=None, help="cpu or cuda (default: cuda when present)"),
+              _arg("--json", action="store_true", help="print one JSON object"),
+              _arg("--golden-dir", default=None,
+                   help="compare with the fingerprint in DIR/<device_class>/fingerprint.parquet"),
+              _arg("--refresh", action="store_true", help="write it there instead")))
+def _fingerprint(args: argparse.Namespace) -> int:
+    """Fingerprint one kernel (numcheck.forensics) and print each property with its evidence.
+    With --golden-dir: exit 1 when a property changed against the golden recorded on this
+    platform (another platform's golden: reported as drift); --refresh records it."""
+    import json
+
+    from .forensics import as_record, fingerprint
+    from .records import Golden
+
+    kern = _resolve_kernel(args.op, args.kernel)
+    name = getattr(kern, "name", None) or args.kernel.split(":", 1)[-1]
+    fp = fingerprint(args.op, getattr(kern, "fn", kern), dtype=args.dtype, device=args.device,
+                     kernel_name=name)
+    print(json.dumps(fp.as_dict(), indent=1, default=str) if args.json else str(fp))
+    if args.golden_dir is None:
+        if args.refresh:
+            raise UsageError("--refresh needs --golden-dir: the folder to write to")
+        return EXIT_OK
+    from . import environment, verdict
+    from .session import GoldenSession
+
+    rec = verdict.judge(as_record(fp))
+    gs = GoldenSession(args.golden_dir, "refresh" if args.refresh else "check")
+    gs.judge([rec])
+    if args.refresh:
+        rep = gs.finish([rec], environment.provenance(fp.device))
+        print("\n".join(rep.lines()))
+        return EXIT_OK
+    print(f"golden: {rec.golden}" + (f": {rec.golden_reason}" if rec.golden_reason else ""))
+    return EXIT_FAILED if rec.golden == Golden.REGRESSED else EXIT_OK
+
+
 # --- run / refresh ------------------------------------------------------------------------------
 
 def _suites_dir():
@@ -296,7 +342,8 @@ def _suite_files(names: list[str] | None) -> list[str]:
 
 _SELECT = (
     _arg("--suite", action="append", default=None,
-         help="built-in suite to run (repeatable; default all): ops, search, quant, convergence"),
+         help="built-in suite to run (repeatable; default all): ops, search, quant, "
+              "convergence, fingerprint"),
     _arg("-k", dest="keyword", default=None, help="pytest -k selection within the suites"),
     _arg("-n", dest="workers", default="2", help="pytest-xdist workers (0: in process)"),
     _arg("--cases", default="quick", choices=CASE_SETS),

@@ -46,6 +46,7 @@ import torch
 
 from . import formats
 from .errors import UsageError
+from .records import Record, Status
 
 PROPERTIES = ("acc_bits", "promote_every", "acc_rounding", "order", "deterministic",
               "batch_invariant")
@@ -102,19 +103,26 @@ class _Scales:
     unit: int
     base: int
     max_t: int
+    factored: bool = False  # values built as products of two factors of the input dtype
+    direct: tuple[int, int] = (100, -5)  # (big, unit) held directly (batch/determinism rows)
 
 
-# bf16 / fp32 hold 2^100 and 2^-5 directly (B / U = 2^105); fp16 builds each value as a
-# product of two factors within +-2^15 (B = 2^30, U = 2^-10), X = 2^15 keeps X 2^-t a normal
-# fp16 output up to t = 29 and an exact subnormal up to t = 39.
+# bf16 / fp32 hold 2^100 and 2^-5 directly (B / U = 2^105). fp16 builds each value as a
+# product of two factors within +-2^15 (B = 2^30, U = 2^-10); X = 2^15 keeps X 2^-t a normal
+# fp16 output up to t = 29 and an exact subnormal up to t = 39. e4m3 (FP8 GEMMs: the kernel
+# gets e4m3 operands and returns bf16/fp16/fp32): factors within 2^-6 .. 2^8 (normal, 448 max),
+# B = 2^16, U = 2^-12, X = 2^16 with X 2^-t down to 2^-12 (t <= 28).
 _SCALES = {"bf16": _Scales(100, -5, 0, 80), "fp32": _Scales(100, -5, 0, 80),
-           "fp16": _Scales(30, -10, 15, 38)}
-_TORCH = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
+           "fp16": _Scales(30, -10, 15, 38, True, (15, -9)),
+           "e4m3": _Scales(16, -12, 16, 28, True, (8, -6))}
+_TORCH = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32,
+          "e4m3": torch.float8_e4m3fn}
+_OUT_FMT = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32"}
 
 
 def _factors(v: torch.Tensor, dtype: str) -> tuple[torch.Tensor, torch.Tensor]:
-    """v = left * right, both exact in dtype (fp16: each about half of v's exponent)."""
-    if dtype != "fp16":
+    """v = left * right, both exact in dtype (fp16, e4m3: each about half of v's exponent)."""
+    if not _SCALES[dtype].factored:
         return v, torch.ones_like(v)
     e = torch.where(v == 0, torch.zeros_like(v), torch.floor(torch.log2(v.abs())))
     right = torch.exp2(torch.floor(e / 2))
@@ -128,7 +136,8 @@ class _Reduction:
     op = ""
     dtypes = ("bf16", "fp16", "fp32")
 
-    def dots(self, fn, left, right, dtype, device):  # pragma: no cover - interface
+    def dots(self, fn, left, right, dtype, device) -> torch.Tensor:  # pragma: no cover
+        """The kernel's outputs holding the dot products (read by ``sums``)."""
         raise NotImplementedError
 
     def calls(self, fn, dtype, device, gen, probe) -> dict[str, Callable[[torch.Tensor], Any]]:
@@ -162,6 +171,8 @@ class _GEMM(_Reduction):
 
     def __init__(self, op: str) -> None:
         self.op = op
+        self.dtypes = ("bf16", "fp16", "fp32", "e4m3") if op == "matmul" else \
+            ("bf16", "fp16", "fp32")
 
     def _call(self, fn, a, b):
         return fn(a, b) if self.op == "matmul" else fn(a, b.mT)  # linear's weight is (N, K)
@@ -170,15 +181,14 @@ class _GEMM(_Reduction):
         t = _TORCH[dtype]
         a = left.to(t).to(device)
         if bool((right == 1).all()):  # every row against one column of ones (16 alike)
-            out = self._call(fn, a, torch.ones((left.shape[1], 16), dtype=t, device=device))
-            return out[:, 0].double().cpu()
-        out = self._call(fn, a, right.to(t).mT.contiguous().to(device))
-        return out.diagonal().double().cpu()
+            return self._call(fn, a, torch.ones((left.shape[1], 16), dtype=t,
+                                                device=device))[:, 0]
+        return self._call(fn, a, right.to(t).mT.contiguous().to(device)).diagonal()
 
     def calls(self, fn, dtype, device, gen, probe):
         t = _TORCH[dtype]
         pa, pb = probe.to(t).to(device), torch.ones((probe.shape[1], 16), dtype=t, device=device)
-        ra, rb = _rand((48, 256), dtype, device, gen), _rand((256, 40), dtype, device, gen)
+        ra, rb = _rand((48, 256), dtype, device, gen), _rand((256, 48), dtype, device, gen)
         return {"probe rows": lambda idx: self._call(fn, pa[idx].clone(), pb.clone()),
                 "random rows": lambda idx: self._call(fn, ra[idx].clone(), rb.clone())}
 
@@ -198,8 +208,7 @@ class _SDPA(_Reduction):
         q = torch.zeros((1, p, 1, 8), dtype=t, device=device)
         k = torch.zeros((1, p, s, 8), dtype=t, device=device)
         v = left.to(t).to(device)[None, :, :, None].expand(1, p, s, 8).contiguous()
-        out = fn(q, k, v)
-        return out[0, :, 0, 0].double().cpu() * s
+        return fn(q, k, v)[0, :, 0, 0] * s  # s a power of two: exact
 
     def calls(self, fn, dtype, device, gen, probe):
         t = _TORCH[dtype]
@@ -286,6 +295,16 @@ def _strided(w: int, combine):
     return lambda xs: combine([_sequential(xs[lane::w]) for lane in range(min(w, len(xs)))])
 
 
+def _promoted(k: int, bits: int, mode: str):
+    """Blocks of k summed in order in a narrower accumulator (bits, mode), their sums added in
+    order in the leaves' own (wider) one."""
+    def tree(xs):
+        parts = [_sequential([_Acc(x.t, bits, mode) for x in xs[i:i + k]])
+                 for i in range(0, len(xs), k)]
+        return _sequential([_Acc(q.t, xs[0].p, xs[0].mode) for q in parts])
+    return tree
+
+
 def _permuted(perm: list[int]):
     return lambda xs: _sequential([xs[i] for i in perm])
 
@@ -360,7 +379,7 @@ class _Prober:
 
     def __init__(self, red: _Reduction, fn, dtype: str, device: str) -> None:
         self.red, self.fn, self.dtype, self.device = red, fn, dtype, device
-        self.out_fmt = dtype  # every supported op returns its input dtype
+        self.out_fmt = dtype  # the kernel's output format, read from its first output
         self.calls = 0
 
     def sums(self, values: torch.Tensor) -> torch.Tensor:
@@ -380,13 +399,19 @@ class _Prober:
                 raise UsageError(f"fingerprint: the {self.red.op} kernel raised "
                                  f"{type(exc).__name__} on a probe of shape {tuple(v.shape)}: "
                                  f"{exc}") from exc
+            if got.dtype not in _OUT_FMT:
+                raise UsageError(f"fingerprint: the {self.red.op} kernel returned {got.dtype}; "
+                                 f"the probes read bf16, fp16 or fp32 outputs")
+            self.out_fmt = _OUT_FMT[got.dtype]
             self.calls += 1
-            parts.append(got[: min(_ROWS, values.shape[0] - r0)])
+            parts.append(got.detach().double().cpu()[: min(_ROWS, values.shape[0] - r0)])
         return torch.cat(parts)
 
 
-def _order(pr: _Prober, sc: _Scales, p: int, mode: str) -> tuple[str, str]:
-    """The hypothesis that predicts every order probe at every size, with its evidence."""
+def _order(pr: _Prober, sc: _Scales, p: int, mode: str,
+           promoted: tuple[int, int, str] | None = None) -> tuple[str, str]:
+    """The hypothesis that predicts every order probe at every size, with its evidence.
+    promoted: (k, bits, mode) of a narrower accumulator inside blocks of k (promote_every)."""
     unit = 2.0 ** sc.unit
     probes, got, sizes = {}, {}, {}
     for n in SIZES:
@@ -396,6 +421,9 @@ def _order(pr: _Prober, sc: _Scales, p: int, mode: str) -> tuple[str, str]:
         counts = got[n].view(-1, classes).sum(1) / unit
         sizes[n] = [n - int(c) if math.isfinite(c) else 0 for c in counts[: n - 1].tolist()]
     alive = _hypotheses() + _derived(sizes)
+    if promoted:
+        k, bits, inner = promoted
+        alive.insert(0, (f"blocked:{k}", _fixed(_promoted(k, bits, inner))))
     misses: dict[str, tuple[int, tuple]] = {}
     for n in SIZES:  # the smallest size rules most hypotheses out cheaply
         keys, rows = probes[n]
@@ -489,15 +517,18 @@ def fingerprint(op: str, fn, *, dtype: str = "bf16", device: str | None = None,
     device = device or ("cuda" if torch.cuda.is_available() else "cpu")
     sc, pr = _SCALES[dtype], _Prober(red, fn, dtype, device)
     evidence: dict[str, str] = {}
+    pr.sums(torch.zeros((1, SIZES[0]), dtype=torch.float64))  # learns the output format
 
-    n = SIZES[1]
+    # K = 512 with -X at the end: X 2^-t at j <= 128 and -X are then never in one block of
+    # up to 128 (where X 2^-t - X would be exact one bit further and pass for a promotion)
+    n = SIZES[-1]
     acc_bits, rounding, promote, order = _accumulation(pr, sc, n, 1, evidence)
     if order.startswith("strided:"):  # leaf 0's first partner is w positions away
         acc_bits, rounding, promote, order = _accumulation(pr, sc, n, int(order[8:]), evidence)
 
     gen = torch.Generator().manual_seed(20261202)
     calls = red.calls(fn, dtype, device, gen, _batch_probe(sc))
-    deterministic, evidence["deterministic"] = _determinism(calls, dtype)
+    deterministic, evidence["deterministic"] = _determinism(calls, pr.out_fmt)
     invariant, evidence["batch_invariant"] = _invariance(calls)
     return Fingerprint(op, kernel_name or getattr(fn, "__name__", "kernel"), dtype,
                        torch.device(device).type, acc_bits, promote, rounding, order,
@@ -536,16 +567,20 @@ def _accumulation(pr: _Prober, sc: _Scales, n: int, j: int, evidence: dict):
         rounding, evidence["acc_rounding"] = _rounding(pr, sc, n, j, acc_bits)
     # the order's predictions use the widest accumulator seen (partial sums of units inside a
     # promoted block are exact in the narrow one: at most 128 units)
-    order, evidence["order"] = _order(pr, sc, min(wide or 52, 52),
-                                      rounding if rounding != "unknown" else "rne")
+    mode = rounding if rounding != "unknown" else "rne"
+    if promote:  # inside blocks acc_bits in the measured mode, across them the wider sum (RNE)
+        order, evidence["order"] = _order(pr, sc, min(wide, 52), "rne",
+                                          (promote, acc_bits, mode))
+    else:
+        order, evidence["order"] = _order(pr, sc, min(acc_bits or 52, 52), mode)
     return acc_bits, rounding, promote, order
 
 
 def _batch_probe(sc: _Scales) -> torch.Tensor:
     """48 order-probe rows at n = 256 (+B at 0 or 255, -B at j, units elsewhere), values exact
-    in the input dtype without factoring (fp16: B = 2^15, U = 2^-9): their outputs depend on the
+    in the input dtype without factoring (_Scales.direct): their outputs depend on the
     summation tree, where random inputs rounded to a bf16 output rarely show a changed one."""
-    n, big, unit = 256, 2.0 ** min(sc.big, 15 if sc.base else sc.big), 2.0 ** max(sc.unit, -9)
+    n, big, unit = 256, 2.0 ** sc.direct[0], 2.0 ** sc.direct[1]
     rows = torch.full((48, n), unit, dtype=torch.float64)
     for r in range(48):
         i, j = (0, 1 + 11 * r) if r < 24 else (n - 1, 11 * (r - 24))  # j across all of n
@@ -593,3 +628,59 @@ def _ulps(outs: list[torch.Tensor], dtype: str) -> float:
     ulp = torch.exp2(torch.floor(torch.log2(base.abs().clamp_min(f.min_normal))) - f.mbits)
     return max(float(((o.detach().double().cpu() - base).abs() / ulp)
                      .nan_to_num(nan=math.inf).max()) for o in outs[1:])
+
+
+# ---- records and the built-in suite --------------------------------------------------------------
+
+def as_record(fp: Fingerprint, *, suite: str = "fingerprint") -> Record:
+    """The fingerprint as a record (family "fingerprint", output "fingerprint", case id = the
+    dtype): the six properties in ``metrics`` (what the golden row holds), the evidence in
+    ``notes``. Judged by numcheck.forensics_rules."""
+    from . import environment
+    return Record(suite=suite, op=fp.op, kernel=fp.kernel, case_id=fp.dtype,
+                  output="fingerprint", device_class=environment.device_class(fp.device),
+                  dtype=fp.dtype, family="fingerprint", metrics=fp.properties(),
+                  device=fp.device, notes=" | ".join(f"{k}: {v}" for k, v in fp.evidence.items()),
+                  repro=f"numcheck fingerprint --op {fp.op} --kernel {fp.kernel} --dtype "
+                        f"{fp.dtype} --device {fp.device}")
+
+
+def suite_items(device: str) -> list[tuple[str, str, str, str | None]]:
+    """(op, kernel name, dtype, skip reason or None) for every registered kernel of a probed op
+    and every dtype its probe holds."""
+    from .catalog import kernels
+    dev = torch.device(device).type
+    out = []
+    for op, red in sorted(_REDUCTIONS.items()):
+        for name, kern in sorted(kernels(op).items()):
+            for dtype in red.dtypes:
+                why = None
+                if kern.devices is not None and dev not in kern.devices:
+                    why = f"kernel {name} runs on {', '.join(kern.devices)}, not {dev}"
+                elif kern.dtypes is not None and dtype not in kern.dtypes:
+                    why = f"kernel {name} supports {', '.join(kern.dtypes)}, not {dtype}"
+                elif kern.compiled:
+                    why = (f"compiled kernel {name} is not fingerprinted: each probe shape "
+                           f"would be a new graph")
+                out.append((op, name, dtype, why))
+    return out
+
+
+def suite_record(op: str, kernel: str, dtype: str, device: str, skip: str | None,
+                 fn=None) -> Record:
+    """One item of the built-in suite: the fingerprint's record, a skipped record, or an error
+    record naming the probe the kernel failed on. fn: the kernel (default: the registered
+    kernel named ``kernel``)."""
+    if skip:
+        return Record(suite="fingerprint", op=op, kernel=kernel, case_id=dtype,
+                      output="fingerprint", dtype=dtype, family="fingerprint",
+                      status=Status.SKIPPED, reason=skip, device=device)
+    try:
+        return as_record(fingerprint(op, kernel if fn is None else fn, dtype=dtype,
+                                     device=device, kernel_name=kernel))
+    except UsageError as exc:
+        from . import environment
+        return Record(suite="fingerprint", op=op, kernel=kernel, case_id=dtype,
+                      output="fingerprint", dtype=dtype, family="fingerprint",
+                      device_class=environment.device_class(device), status=Status.ERROR,
+                      reason=str(exc), device=device)

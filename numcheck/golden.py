@@ -108,8 +108,9 @@ def to_row(record: Record, columns: tuple[str, ...] = COLUMNS) -> dict[str, Any]
         elif name in ("series", "series_band"):  # 6 digits: far below any band, stable reruns
             v = None if v is None else [_round_sig(float(x), 6) for x in v]
         elif name == "metrics":
-            v = None if not v else json.dumps({k: _clean(k, x) for k, x in sorted(v.items())},
-                                              sort_keys=True, allow_nan=True)
+            v = None if not v else json.dumps(
+                {k: _clean(k, x) if isinstance(x, (int, float)) and not isinstance(x, bool)
+                 else x for k, x in sorted(v.items())}, sort_keys=True, allow_nan=True)
         elif name == "findings":
             v = json.dumps(list(v)) if v else None
         elif name == "seed":
@@ -394,6 +395,10 @@ def summary_text(rows: Iterable[dict]) -> str:
                         for s in _TEXT_STATS if row.get(s) is not None)
         if row.get("series"):
             vals += f" series={_fmt(row['series'])}"
+        if row.get("output") == "fingerprint" and row.get("metrics"):
+            m = row["metrics"]
+            vals += " " + " ".join(f"{k}={int(v) if isinstance(v, float) else v}" for k, v in
+                                   sorted((json.loads(m) if isinstance(m, str) else m).items()))
         lines.append(f"{key} {vals}")
     return "\n".join(lines) + "\n"
 

@@ -149,8 +149,9 @@ class Record:
 
     @property
     def measured(self) -> bool:
-        """Something a golden row can hold: error statistics or a curve."""
-        return self.kernel_stats is not None or self.series is not None
+        """Something a golden row can hold: error statistics, a curve or a fingerprint."""
+        return self.kernel_stats is not None or self.series is not None or \
+            (self.family == "fingerprint" and bool(self.metrics))
 
     def metric(self, name: str, default: Any = None) -> Any:
         return (self.metrics or {}).get(name, default)
@@ -210,6 +211,8 @@ def family_of_row(row: dict[str, Any]) -> str:
         return row["family"]
     if row.get("series") is not None:
         return "convergence"
+    if row.get("output") == "fingerprint":
+        return "fingerprint"
     if row.get("suite") == "quant" and row.get("op") in ("roundtrip", "gemm"):
         return "quant"
     return "ops"

@@ -180,8 +180,12 @@ def compare_row(old: dict | None, new: dict, family: str | None = None) -> Chang
         return Change(key, "inputs_changed", [
             f"input digest {old['input_digest']} -> {new['input_digest']}: the case's inputs "
             "changed (generator, distribution or op input builder); refresh the golden"], old, new)
-    family_golden = verdict.rules(family or family_of_row(new)).golden
-    worse, better = family_golden(old, new) if family_golden else ([], [])
+    family_rules = verdict.rules(family or family_of_row(new))
+    worse, better = family_rules.golden(old, new) if family_rules.golden else ([], [])
+    if worse and getattr(family_rules, "platform_bound", False) and _foreign(old, new):
+        # values that belong to the platform they were measured on (fingerprints): another
+        # platform's differ by design, reported as drift, never as a regression
+        return Change(key, "drift", worse + [_recorded_on(old, new)], old, new)
     if new.get("status") == "error" and old.get("status") != "error":
         worse.append(f"the kernel now fails to run ({old.get('status')} -> error)")
     if new.get("kernel_n") is None or old.get("kernel_n") is None:
@@ -249,13 +253,16 @@ def compare_row(old: dict | None, new: dict, family: str | None = None) -> Chang
     if old.get("status") == "passed" and new.get("status") in ("failed", "error"):
         worse.append(f"absolute rules: passed -> {new.get('status')}")
     if drift and not worse:
-        here = (platforms_of(new) or ["this machine"])[0]
-        recorded = platforms_of(old)
-        drift.append(f"golden recorded on {PLATFORM_SEP.join(recorded) or 'an unknown platform'}"
-                     f"; here {here}" + (f" ({platform_difference(recorded[0], here)})"
-                                         if recorded else ""))
+        drift.append(_recorded_on(old, new))
         return Change(key, "drift", drift, old, new)
     return _verdict(key, worse, better, old, new)
+
+
+def _recorded_on(old: dict, new: dict) -> str:
+    here = (platforms_of(new) or ["this machine"])[0]
+    recorded = platforms_of(old)
+    return (f"golden recorded on {PLATFORM_SEP.join(recorded) or 'an unknown platform'}; here "
+            f"{here}" + (f" ({platform_difference(recorded[0], here)})" if recorded else ""))
 
 
 def _verdict(key, worse, better, old, new) -> Change:
@@ -299,9 +306,9 @@ def compare_kinds(old: pa.Table, new: pa.Table) -> tuple[np.ndarray, np.ndarray,
     kinds = np.array(["same", "improved", "drift", "regressed"], dtype=object)[
         np.where(worse, 3, np.where(drift, 2, np.where(better, 1, 0)))]
     own_rules = _per_distinct(lambda *v: verdict.rules(family_of_row(dict(zip(
-        ("family", "series", "suite", "op"), v)))).golden is not None, bool,
+        ("family", "series", "suite", "op", "output"), v)))).golden is not None, bool,
         col.codes("new:family"), col.present("new:series"), col.codes("new:suite"),
-        col.codes("new:op"))
+        col.codes("new:op"), col.codes("new:output"))
     kinds[own_rules] = None
     kinds[_inputs_changed(old, o, new, n)] = "inputs_changed"
     kinds[o < 0] = "new"

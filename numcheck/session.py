@@ -22,7 +22,7 @@ from pathlib import Path
 
 from . import golden
 from .errors import UsageError
-from .records import MODES, Golden, Record, Status
+from .records import MODES, Golden, Record, Status, family_of_row
 from .regression import Change, compare_row
 
 
@@ -186,6 +186,8 @@ def _merges(old: dict | None, new: dict) -> bool:
     band is the convergence rule's own envelope)."""
     if old is None or new.get("series") is not None:
         return False
+    if family_of_row(new) == "fingerprint" and old.get("metrics") != new.get("metrics"):
+        return False  # another platform's fingerprint replaces the row (it is no envelope)
     if old.get("input_digest") != new.get("input_digest"):
         return False
     return bool(set(golden.platforms_of(old)) - set(golden.platforms_of(new)))

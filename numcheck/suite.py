@@ -130,6 +130,16 @@ class SuiteContext:
             pytest.xfail(format_failures(known))
         return records
 
+    def fingerprint(self, op: str, fn, *, dtype: str = "bf16", kernel_name: str | None = None):
+        """``numcheck.fingerprint`` inside a test, recorded under this test module's suite: a
+        property that changed against the golden (recorded on this platform) fails the test;
+        ``--numcheck-refresh`` records it. Returns the Fingerprint."""
+        from .forensics import as_record, fingerprint
+
+        fp = fingerprint(op, fn, dtype=dtype, device=self.device, kernel_name=kernel_name)
+        self.check_records([as_record(fp, suite=self.suite or "fingerprint")])
+        return fp
+
     def verify(self, op: str, fn, *, fail: bool = True, **kwargs):
         """``numcheck.verify`` inside a test: same run, same goldens, same summary. Fails the
         test with the diagnostics unless ``fail=False`` (then inspect ``.passed``)."""

@@ -113,6 +113,42 @@ def test_random_order_is_not_deterministic():
     assert fp.order == "unknown"  # a different order on every probe call
 
 
+def _trunc_bits(x: torch.Tensor, p: int) -> torch.Tensor:
+    """float64 values truncated (toward zero) to p fraction bits."""
+    m, e = torch.frexp(x)
+    return torch.ldexp(torch.trunc(torch.ldexp(m, torch.full_like(e, p + 1))), e - (p + 1))
+
+
+def _fp8_gemm_hopper_like(a, b):
+    """An FP8 GEMM as measured on Hopper (the issue's finding): e4m3 products (exact), partial
+    sums of 128 products kept in 13 fraction bits by truncation, each block sum then added into
+    an fp32 accumulator (round to nearest even); bf16 output."""
+    prods = a.double()[:, :, None] * b.double()[None, :, :]
+    total = None
+    for k0 in range(0, prods.shape[1], 128):
+        part = prods[:, k0]
+        for k in range(k0 + 1, min(k0 + 128, prods.shape[1])):
+            part = _trunc_bits(part + prods[:, k], 13)  # exact in float64, then truncated
+        part = part.float()
+        total = part if total is None else total + part
+    return total.to(torch.bfloat16)
+
+
+def test_fp8_gemm_with_a_narrow_promoted_accumulator():
+    fp = fingerprint("matmul", _fp8_gemm_hopper_like, dtype="e4m3", device="cpu")
+    assert (fp.acc_bits, fp.promote_every, fp.acc_rounding) == (13, 128, "rz"), fp
+    assert fp.order == "blocked:128", fp.evidence["order"]
+
+
+def test_fp8_gemm_with_fp32_accumulation():
+    def fp32_acc(a, b):
+        prods = a.float()[:, :, None] * b.float()[None, :, :]  # e4m3 products: exact in fp32
+        return _seq(list(prods.unbind(1)), _rne).to(torch.bfloat16)
+    fp = fingerprint("matmul", fp32_acc, dtype="e4m3", device="cpu")
+    assert (fp.acc_bits, fp.promote_every, fp.acc_rounding, fp.order) == \
+        (23, None, "rne", "sequential"), fp
+
+
 def test_torch_cpu_matmul_fingerprints():
     """torch's CPU GEMMs (docs/fingerprints.md says what they mean): fp32 accumulation with
     round to nearest even in every dtype, deterministic."""

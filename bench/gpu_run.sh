@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # The device check, in one run: doctor, every cuda-marked test, the built-in suites on CUDA
-# (ops, quant, convergence, search) recording cuda-smXY goldens and a results file into $OUT
+# (ops, quant, convergence, search, fingerprint: cuBLAS bf16/fp16/fp32/tf32 GEMMs, cuBLASLt's FP8
+# GEMM through torch._scaled_mm and every SDPA backend, fingerprinted; the table is in the report)
+# recording cuda-smXY goldens and a results file into $OUT
 # (review them, then copy $OUT/golden/cuda-sm* to golden/ and commit), the markdown report, and
 # the ErrorStats benchmark on CUDA (the fused Triton kernel, the chunked fallback, and a check
 # that their statistics agree: exit 1 if not) and on this host's CPU at 2 threads (another CPU

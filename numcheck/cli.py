@@ -276,7 +276,8 @@ def _verify(args: argparse.Namespace) -> int:
 @_command("fingerprint", help="how a kernel accumulates: accumulator bits, promotion, rounding, "
                               "summation order, determinism, batch invariance",
           arguments=(
-              _arg("--op", required=True, help="matmul, linear or sdpa"),
+              _arg("--op", required=True, help="matmul, linear, sdpa (accumulation probes); "
+                   "softmax, log_softmax, rms_norm, layer_norm (determinism, batch invariance)"),
               _arg("--kernel", required=True,
                    help="module:function of your kernel, or a built-in kernel's name"),
               _arg("--dtype", default="bf16", help="bf16, fp16 or fp32 (sdpa: bf16, fp32)"),

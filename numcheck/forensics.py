@@ -135,6 +135,7 @@ class _Reduction:
 
     op = ""
     dtypes = ("bf16", "fp16", "fp32")
+    probes_accumulation = True  # dot products with cancellation: acc_bits, rounding, order
 
     def dots(self, fn, left, right, dtype, device) -> torch.Tensor:  # pragma: no cover
         """The kernel's outputs holding the dot products (read by ``sums``)."""
@@ -221,8 +222,44 @@ class _SDPA(_Reduction):
                 "random query rows": lambda idx: fn(q[:1, :, idx], k[:1], rv[:1]).transpose(0, 2)}
 
 
+class _RowReduction(_Reduction):
+    """softmax, log_softmax, rms_norm, layer_norm: reductions of positive terms (exponentials,
+    squares), from which no cancellation probe can be built: no accumulation probes, only
+    determinism and batch invariance, on rows of 4096 whose sums depend on the order: random
+    heavy-tailed values and magnitude ladders (2^-12 .. 2^11, alternating signs)."""
+
+    probes_accumulation = False
+    dtypes = ("bf16", "fp16", "fp32")
+
+    def __init__(self, op: str) -> None:
+        self.op = op
+
+    def _call(self, fn, x):
+        d = x.shape[-1]
+        if self.op in ("softmax", "log_softmax"):
+            return fn(x, dim=-1)
+        w = torch.ones(d, dtype=x.dtype, device=x.device)
+        if self.op == "rms_norm":
+            return fn(x, w, 1e-6)
+        return fn(x, w, torch.zeros_like(w), 1e-5)
+
+    def calls(self, fn, dtype, device, gen, probe):
+        t = _TORCH[dtype]
+        g = torch.randn((48, 4096), generator=gen, dtype=torch.float64)
+        heavy = (g * torch.exp(torch.randn((48, 4096), generator=gen, dtype=torch.float64)))
+        k = torch.arange(4096, dtype=torch.float64)
+        ladder = torch.exp2((k + torch.arange(48, dtype=torch.float64)[:, None]) % 24 - 12) * \
+            torch.where(k % 2 == 0, 1.0, -1.0)
+        if self.op in ("softmax", "log_softmax"):  # exp of the ladder: terms 2^-? .. 1
+            ladder = ladder.abs().log2() - 12
+        rows = {"random rows": heavy.to(t).to(device), "ladder rows": ladder.to(t).to(device)}
+        return {name: (lambda idx, x=x: self._call(fn, x[idx].clone())) for name, x in rows.items()}
+
+
 _REDUCTIONS: dict[str, _Reduction] = {"matmul": _GEMM("matmul"), "linear": _GEMM("linear"),
-                                      "sdpa": _SDPA()}
+                                      "sdpa": _SDPA(),
+                                      **{op: _RowReduction(op) for op in
+                                         ("softmax", "log_softmax", "rms_norm", "layer_norm")}}
 
 
 # ---- summation-order hypotheses -----------------------------------------------------------------
@@ -495,14 +532,16 @@ def fingerprint(op: str, fn, *, dtype: str = "bf16", device: str | None = None,
                 kernel_name: str | None = None) -> Fingerprint:
     """Fingerprint ``fn``, a kernel of ``op`` ("matmul", "linear" or "sdpa", called as the op's
     signature says: ``fn(a, b)``, ``fn(x, weight)``, ``fn(q, k, v)``), on ``dtype`` inputs.
+    softmax, log_softmax, rms_norm and layer_norm (``fn(x, dim=-1)``, ``fn(x, weight, eps)``,
+    ``fn(x, weight, bias, eps)``): determinism and batch invariance only (the accumulation
+    properties read None / "unknown", their evidence says why).
 
     ``fn`` may also be the name of a registered kernel of ``op``. device: default cuda when
     available, else cpu. Raises UsageError for an op without a probe, a dtype the op's probe
     cannot hold, or a kernel that fails on a probe (the message names the probe's shape)."""
     if op not in _REDUCTIONS:
         raise UsageError(f"fingerprint: op {op!r} has no probe; use one of "
-                         f"{', '.join(sorted(_REDUCTIONS))} (norm and softmax reductions sum "
-                         f"positive terms only: no cancellation probe exists for them)")
+                         f"{', '.join(sorted(_REDUCTIONS))}")
     red = _REDUCTIONS[op]
     if dtype not in red.dtypes:
         raise UsageError(f"fingerprint: {op} probes need dtype in {', '.join(red.dtypes)}, "
@@ -517,14 +556,21 @@ def fingerprint(op: str, fn, *, dtype: str = "bf16", device: str | None = None,
     device = device or ("cuda" if torch.cuda.is_available() else "cpu")
     sc, pr = _SCALES[dtype], _Prober(red, fn, dtype, device)
     evidence: dict[str, str] = {}
-    pr.sums(torch.zeros((1, SIZES[0]), dtype=torch.float64))  # learns the output format
-
-    # K = 512 with -X at the end: X 2^-t at j <= 128 and -X are then never in one block of
-    # up to 128 (where X 2^-t - X would be exact one bit further and pass for a promotion)
-    n = SIZES[-1]
-    acc_bits, rounding, promote, order = _accumulation(pr, sc, n, 1, evidence)
-    if order.startswith("strided:"):  # leaf 0's first partner is w positions away
-        acc_bits, rounding, promote, order = _accumulation(pr, sc, n, int(order[8:]), evidence)
+    if red.probes_accumulation:
+        pr.sums(torch.zeros((1, SIZES[0]), dtype=torch.float64))  # learns the output format
+        # K = 512 with -X at the end: X 2^-t at j <= 128 and -X are then never in one block
+        # of up to 128 (where X 2^-t - X would be exact one bit further, like a promotion)
+        n = SIZES[-1]
+        acc_bits, rounding, promote, order = _accumulation(pr, sc, n, 1, evidence)
+        if order.startswith("strided:"):  # leaf 0's first partner is w positions away
+            acc_bits, rounding, promote, order = _accumulation(pr, sc, n, int(order[8:]),
+                                                               evidence)
+    else:
+        acc_bits, rounding, promote, order = None, "unknown", None, "unknown"
+        why = (f"not probed: {op} sums positive terms (squares, exponentials), from which no "
+               f"cancellation probe can be built")
+        evidence.update({p: why for p in ("acc_bits", "promote_every", "acc_rounding",
+                                            "order")})
 
     gen = torch.Generator().manual_seed(20261202)
     calls = red.calls(fn, dtype, device, gen, _batch_probe(sc))

@@ -1,5 +1,5 @@
-"""Built-in fingerprint suite: every registered kernel of matmul, linear and sdpa on this
-machine's device, fingerprinted (numcheck.forensics) for each dtype its probe holds, and
+"""Built-in fingerprint suite: every registered kernel of matmul, linear, sdpa, softmax,
+log_softmax, rms_norm and layer_norm on this machine's device, fingerprinted (numcheck.forensics) for each dtype its probe holds, and
 torch's FP8 GEMM (``torch._scaled_mm``, e4m3 operands: cuBLASLt on CUDA, its CPU kernel here),
 against golden/<device_class>/fingerprint.parquet: a changed accumulator, rounding, summation
 order, determinism or batch invariance fails the run on the golden's platform (drift on

@@ -32,7 +32,7 @@ def test_golden_recorded_then_same(tmp_path, capsys):
 
 
 def test_usage_errors(capsys):
-    assert main(["fingerprint", "--op", "rms_norm", "--kernel", "torch"]) == 2
+    assert main(["fingerprint", "--op", "gelu", "--kernel", "torch"]) == 2
     assert "no probe" in capsys.readouterr().err
     assert main(["fingerprint", "--op", "matmul", "--kernel", "nope"]) == 2
     assert "--kernel 'nope'" in capsys.readouterr().err

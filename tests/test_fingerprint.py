@@ -178,7 +178,7 @@ def test_registered_kernel_by_name_and_as_dict():
     assert isinstance(fp, Fingerprint) and "acc_bits" in str(fp)
 
 
-@pytest.mark.parametrize("args,match", [(("softmax", torch.softmax), "no probe"),
+@pytest.mark.parametrize("args,match", [(("gelu", F.gelu), "no probe"),
                                         (("sdpa", F.scaled_dot_product_attention, "fp16"),
                                          "dtype"),
                                         (("matmul", "no_such_kernel"), "no kernel")])
@@ -220,3 +220,34 @@ def test_order_simulation_rounds_like_fp32_hardware(mode):
     bb64 = S - A
     got = _round_bits(S, (A - (S - bb64)) + (B - bb64), 23, mode)
     assert torch.equal(got, want)
+
+
+def _rms_norm_split_by_batch(x, weight, eps):
+    """RMSNorm whose sum of squares runs in two halves for batches of 16 rows or more."""
+    xf = x.float()
+    if x.shape[0] >= 16:
+        h = x.shape[-1] // 2
+        ss = (xf[:, :h] ** 2).sum(-1, keepdim=True) + (xf[:, h:] ** 2).sum(-1, keepdim=True)
+    else:
+        ss = (xf ** 2).sum(-1, keepdim=True)
+    return (xf * torch.rsqrt(ss / x.shape[-1] + eps) * weight.float()).to(x.dtype)
+
+
+def _softmax_random_order(x, dim=-1):
+    perm = torch.randperm(x.shape[-1])
+    e = torch.exp(x.double() - x.double().amax(-1, keepdim=True)).float()
+    s = e[:, perm[0]]
+    for k in perm[1:]:  # one sequential fp32 sum in a new order every call
+        s = s + e[:, k]
+    return (e / s[:, None]).to(x.dtype)
+
+
+def test_norm_and_softmax_reductions_determinism_and_batch_invariance():
+    fp = fingerprint("rms_norm", _rms_norm_split_by_batch, dtype="fp32", device="cpu")
+    assert fp.deterministic and not fp.batch_invariant, fp
+    assert (fp.acc_bits, fp.order) == (None, "unknown") and "positive terms" in \
+        fp.evidence["order"]
+    fp = fingerprint("softmax", _softmax_random_order, dtype="fp32", device="cpu")
+    assert not fp.deterministic, fp
+    fp = fingerprint("rms_norm", "torch", dtype="bf16", device="cpu")
+    assert fp.deterministic and fp.batch_invariant, fp

@@ -280,7 +280,8 @@ def _verify(args: argparse.Namespace) -> int:
                    "softmax, log_softmax, rms_norm, layer_norm (determinism, batch invariance)"),
               _arg("--kernel", required=True,
                    help="module:function of your kernel, or a built-in kernel's name"),
-              _arg("--dtype", default="bf16", help="bf16, fp16 or fp32 (sdpa: bf16, fp32)"),
+              _arg("--dtype", default="bf16",
+                   help="bf16, fp16 or fp32 (sdpa: bf16, fp32; matmul also e4m3 operands)"),
               _arg("--device", default=None, help="cpu or cuda (default: cuda when present)"),
               _arg("--json", action="store_true", help="print one JSON object"),
               _arg("--golden-dir", default=None,
@@ -296,7 +297,7 @@ def _fingerprint(args: argparse.Namespace) -> int:
     from .records import Golden
 
     kern = _resolve_kernel(args.op, args.kernel)
-    name = getattr(kern, "name", None) or args.kernel.split(":", 1)[-1]
+    name = getattr(kern, "name", None) or args.kernel  # module:function, unique per kernel
     fp = fingerprint(args.op, getattr(kern, "fn", kern), dtype=args.dtype, device=args.device,
                      kernel_name=name)
     print(json.dumps(fp.as_dict(), indent=1, default=str) if args.json else str(fp))
@@ -310,9 +311,11 @@ def _fingerprint(args: argparse.Namespace) -> int:
     rec = verdict.judge(as_record(fp))
     gs = GoldenSession(args.golden_dir, "refresh" if args.refresh else "check")
     gs.judge([rec])
-    if args.refresh:
+    if args.refresh:  # (other rows of the file are not this command's: no "unused" notes)
         rep = gs.finish([rec], environment.provenance(fp.device))
-        print("\n".join(rep.lines()))
+        print("\n".join([f"{c.kind:>9} {'/'.join(map(str, c.key[1:4]))}: {c.metrics_line()}"
+                          for c in rep.changes] + [f"wrote {p}" for p in rep.written]
+                         + [f"unchanged {p}" for p in rep.unchanged]))
         return EXIT_OK
     print(f"golden: {rec.golden}" + (f": {rec.golden_reason}" if rec.golden_reason else ""))
     return EXIT_FAILED if rec.golden == Golden.REGRESSED else EXIT_OK

@@ -44,7 +44,7 @@ from typing import Any, Callable
 
 import torch
 
-from . import formats
+from . import formats, numerics
 from .errors import UsageError
 from .records import Record, Status
 
@@ -476,7 +476,7 @@ def _order(pr: _Prober, sc: _Scales, p: int, mode: str,
                 still.append((name, tree))
         alive = still
     shown = "; ".join(f"n={n}: " + ",".join(map(str, sz[:12])) + ",..." for n, sz in
-                      sizes.items())
+                      sizes.items()) + _order_evidence_nonfinite(got)
     what = (f"{sum(len(k) for k, _ in probes.values())} probes (+B at i, -B at j, units "
             f"elsewhere, B/U = 2^{sc.big - sc.unit}) at n = {', '.join(map(str, SIZES))}, "
             f"predicted with a {p}-bit {mode} accumulator; smallest subtree holding leaves "
@@ -492,40 +492,83 @@ def _order(pr: _Prober, sc: _Scales, p: int, mode: str,
 
 
 def _bits_at(pr: _Prober, sc: _Scales, n: int, j: int, last: int) -> int | None:
-    """The largest t such that X + X 2^-t survives when X sits at 0, X 2^-t at j and -X at
-    ``last`` (fewer than 1 bit: None)."""
-    x = 2.0 ** sc.base
-    ts = range(1, sc.max_t + 1)
-    rows = torch.zeros((len(ts), n), dtype=torch.float64)
+    """The largest q such that X + 2^-q 2^b survives, X = 1.5 2^b at 0, the small value at j,
+    -X at ``last`` (fewer than 1 bit: None). X + s and -X + s both stay in X's binade, so the
+    answer does not depend on which of the two the tree adds the small value to first."""
+    x, b = 1.5 * 2.0 ** sc.base, sc.base
+    qs = range(1, sc.max_t + 1)
+    rows = torch.zeros((len(qs), n), dtype=torch.float64)
     rows[:, 0], rows[:, last] = x, -x
-    for r, t in enumerate(ts):
-        rows[r, j] = x * 2.0 ** -t
+    for r, q in enumerate(qs):
+        rows[r, j] = 2.0 ** (b - q)
     got = pr.sums(rows)
     best = None
-    for r, t in enumerate(ts):
-        if not bool(got[r] == x * 2.0 ** -t):
+    for r, q in enumerate(qs):
+        if not bool(got[r] == 2.0 ** (b - q)):
             break
-        best = t
+        best = q
     return best
 
 
+# (X + 0.75 ulp, -X - 0.75 ulp, X + 0.5 ulp, X - 0.25 ulp) rounded away from X -> the mode
+_MODES = {(True, True, False, False): "rne", (True, True, True, False): "rna",
+          (False, False, False, True): "rz", (False, True, False, True): "rd",
+          (True, False, True, False): "ru"}
+
+
 def _rounding(pr: _Prober, sc: _Scales, n: int, j: int, p: int) -> tuple[str, str]:
-    x = 2.0 ** sc.base
-    ulp = x * 2.0 ** -p
-    rows = torch.zeros((3, n), dtype=torch.float64)
+    """The accumulator's rounding at p bits from four sums of X = 1.5 2^b (its last bit even)
+    and a fraction of its ulp, cancelled by -X at the end: which of them leave X."""
+    x, ulp = 1.5 * 2.0 ** sc.base, 2.0 ** (sc.base - p)
+    rows = torch.zeros((4, n), dtype=torch.float64)
     rows[:, 0], rows[:, n - 1] = x, -x
-    rows[0, j] = 0.75 * ulp
-    rows[1, 0], rows[1, j], rows[1, n - 1] = -x, -0.75 * ulp, x
-    rows[2, j] = 0.5 * ulp
+    rows[1, 0], rows[1, n - 1] = -x, x
+    for r, frac in enumerate((0.75, -0.75, 0.5, -0.25)):
+        rows[r, j] = frac * ulp
     got = pr.sums(rows)
-    up, down, tie = bool(got[0] == ulp), bool(got[1] == -ulp), bool(got[2] == ulp)
-    table = {(True, True, False): "rne", (True, True, True): "rna", (False, False, False): "rz",
-             (False, True, False): "rd", (True, False, True): "ru"}
-    mode = table.get((up, down, tie), "unknown")
-    ev = (f"X + 0.75 ulp -> {'X + ulp' if up else 'X'}, -X - 0.75 ulp -> "
-          f"{'-X - ulp' if down else '-X'}, X + 0.5 ulp (a tie, X even) -> "
-          f"{'X + ulp' if tie else 'X'} (ulp = 2^-{p} X)")
-    return mode, ev
+    away = (bool(got[0] == ulp), bool(got[1] == -ulp), bool(got[2] == ulp),
+            bool(got[3] == -ulp))
+    ev = ", ".join(f"{name} -> {'moved' if a else 'X'}" for name, a in
+                   zip(("X + 0.75 ulp", "-X - 0.75 ulp", "X + 0.5 ulp (a tie, X even)",
+                        "X - 0.25 ulp"), away))
+    mode = _MODES.get(away, "unknown")
+    extra = "" if mode != "unknown" else "; no rounding of the exact sum does that (an " \
+        "accumulator that truncates the addend before adding, for one)"
+    return mode, f"{ev} (ulp = 2^-{p} of X's binade){extra}"
+
+
+def _order_evidence_nonfinite(got: dict) -> str:
+    bad = sum(int((~torch.isfinite(g)).sum()) for g in got.values())
+    return (f"; {bad} outputs are NaN/inf: the probe's B overflowed the accumulator"
+            if bad else "")
+
+
+def _promotion(pr: _Prober, sc: _Scales, acc_bits: int | None, j: int, seen: list):
+    """(k, bits across blocks) where X and the small value meet in a wider accumulator once
+    they are k apart, else (None, acc_bits). Probed at j = 2, 4, ..., 256 on rows of 4j (the
+    cancelling -X four blocks away), then bisected for a k between two powers of two."""
+    def bits(k: int) -> int | None:
+        n = max(SIZES[-1], 4 * k)
+        b = _bits_at(pr, sc, n, k, n - 1)
+        seen.append(f"j={k}: {b}")
+        return b
+
+    lo = j
+    for k in (2, 4, 8, 16, 32, 64, 128, 256):
+        if k <= j or acc_bits is None:
+            continue
+        b = bits(k)
+        if b is not None and b > acc_bits:
+            while k - lo > 1:  # the first position in the next block
+                mid = (lo + k) // 2
+                bm = bits(mid)
+                if bm is not None and bm > acc_bits:
+                    k, b = mid, bm
+                else:
+                    lo = mid
+            return k, b
+        lo = k
+    return None, acc_bits
 
 
 def fingerprint(op: str, fn, *, dtype: str = "bf16", device: str | None = None,
@@ -554,6 +597,11 @@ def fingerprint(op: str, fn, *, dtype: str = "bf16", device: str | None = None,
                              f"{', '.join(sorted(found))}")
         kernel_name, fn = kernel_name or fn, found[fn].fn
     device = device or ("cuda" if torch.cuda.is_available() else "cpu")
+    with numerics.pinned():  # the verify numerics state: TF32/oneDNN knobs off, threads fixed
+        return _fingerprint(op, red, fn, dtype, device, kernel_name)
+
+
+def _fingerprint(op, red, fn, dtype, device, kernel_name) -> Fingerprint:
     sc, pr = _SCALES[dtype], _Prober(red, fn, dtype, device)
     evidence: dict[str, str] = {}
     if red.probes_accumulation:
@@ -576,45 +624,36 @@ def fingerprint(op: str, fn, *, dtype: str = "bf16", device: str | None = None,
     calls = red.calls(fn, dtype, device, gen, _batch_probe(sc))
     deterministic, evidence["deterministic"] = _determinism(calls, pr.out_fmt)
     invariant, evidence["batch_invariant"] = _invariance(calls)
-    return Fingerprint(op, kernel_name or getattr(fn, "__name__", "kernel"), dtype,
+    name = kernel_name or f"{getattr(fn, '__module__', '?')}:{getattr(fn, '__qualname__', fn)}"
+    return Fingerprint(op, name, dtype,
                        torch.device(device).type, acc_bits, promote, rounding, order,
                        deterministic, invariant, evidence)
 
 
 def _accumulation(pr: _Prober, sc: _Scales, n: int, j: int, evidence: dict):
-    """acc_bits, acc_rounding, promote_every and order, probing the precision with X 2^-t at
-    position j (the leaf summed first with leaf 0), the order under what those found."""
+    """acc_bits, acc_rounding, promote_every and order, probing the precision with the small
+    value at position j (the leaf summed first with leaf 0), the order under what those found."""
     last = n - 1
     acc_bits = _bits_at(pr, sc, n, j, last)
     within = _bits_at(pr, sc, n, j, j + 1)
-    evidence["acc_bits"] = (f"X at 0, X 2^-t at {j}, -X at {last} (n={n}): kept up to t = "
-                            f"{acc_bits}" + (" (the probe's limit)" if acc_bits == sc.max_t
-                                             else "")
+    evidence["acc_bits"] = (f"X = 1.5 at 0, 2^-q at {j}, -X at {last} (n={n}): kept up to "
+                            f"q = {acc_bits}" + (" (the probe's limit)" if acc_bits == sc.max_t
+                                                 else "")
                             + f"; with -X right after it (at {j + 1}): {within}")
-    promote, seen, wide = None, [], acc_bits
-    for k in (2, 4, 8, 16, 32, 64, 128):
-        if k <= j:
-            continue
-        b = _bits_at(pr, sc, n, k, last)
-        seen.append(f"j={k}: {b}")
-        # two bits more, not one: with -X in j's block, X 2^-t - X is exact one bit further
-        if acc_bits is not None and b is not None and b >= acc_bits + 2:
-            prev = _bits_at(pr, sc, n, k - 1, last)
-            seen.append(f"j={k - 1}: {prev}")
-            if prev == acc_bits:
-                promote, wide = k, b
-            break
-    evidence["promote_every"] = (f"X at 0, X 2^-t at j, -X at {last}: bits kept "
-                                 + ", ".join(seen))
+    seen: list[str] = []
+    promote, wide = _promotion(pr, sc, acc_bits, j, seen)
+    evidence["promote_every"] = ("X at 0, 2^-q at j, -X four blocks away: bits kept "
+                                 + ", ".join(seen) if seen else "not probed")
     if acc_bits is None or acc_bits >= sc.max_t:
         rounding = "unknown"
         evidence["acc_rounding"] = f"acc_bits {acc_bits}: no rounding position to probe"
     else:
         rounding, evidence["acc_rounding"] = _rounding(pr, sc, n, j, acc_bits)
-    # the order's predictions use the widest accumulator seen (partial sums of units inside a
-    # promoted block are exact in the narrow one: at most 128 units)
+    # the order's predictions: the measured accumulator (unknown rounding simulated as RNE);
+    # with a promotion, acc_bits in the measured mode inside blocks and the wider sum across
+    # them, assumed RNE (partial sums of units inside a block are exact in the narrow one)
     mode = rounding if rounding != "unknown" else "rne"
-    if promote:  # inside blocks acc_bits in the measured mode, across them the wider sum (RNE)
+    if promote:
         order, evidence["order"] = _order(pr, sc, min(wide, 52), "rne",
                                           (promote, acc_bits, mode))
     else:
@@ -685,10 +724,27 @@ def as_record(fp: Fingerprint, *, suite: str = "fingerprint") -> Record:
     from . import environment
     return Record(suite=suite, op=fp.op, kernel=fp.kernel, case_id=fp.dtype,
                   output="fingerprint", device_class=environment.device_class(fp.device),
+                  platforms=_platform(fp.device),
                   dtype=fp.dtype, family="fingerprint", metrics=fp.properties(),
                   device=fp.device, notes=" | ".join(f"{k}: {v}" for k, v in fp.evidence.items()),
                   repro=f"numcheck fingerprint --op {fp.op} --kernel {fp.kernel} --dtype "
                         f"{fp.dtype} --device {fp.device}")
+
+
+def _platform(device: str) -> str:
+    """The golden platform id (golden.platform_of) plus what picks a CPU GEMM library's code
+    path and ATen's tier does not name: the CPU's ISA flags and the ISA caps of oneDNN / MKL
+    set in the environment (the same CPU name can hide AVX512-BF16 on a VM)."""
+    import os
+
+    from . import environment, golden
+    prov = environment.provenance(device)
+    plat = golden.platform_of(prov)
+    if torch.device(device).type != "cpu":
+        return plat
+    caps = [f"{k}={os.environ[k]}" for k in ("ONEDNN_MAX_CPU_ISA", "DNNL_MAX_CPU_ISA",
+                                             "MKL_ENABLE_INSTRUCTIONS") if os.environ.get(k)]
+    return ", ".join([plat, prov.get("cpu_isa") or "?"] + caps)
 
 
 def suite_items(device: str) -> list[tuple[str, str, str, str | None]]:

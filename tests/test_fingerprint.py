@@ -119,19 +119,24 @@ def _trunc_bits(x: torch.Tensor, p: int) -> torch.Tensor:
     return torch.ldexp(torch.trunc(torch.ldexp(m, torch.full_like(e, p + 1))), e - (p + 1))
 
 
-def _fp8_gemm_hopper_like(a, b):
-    """An FP8 GEMM as measured on Hopper (the issue's finding): e4m3 products (exact), partial
-    sums of 128 products kept in 13 fraction bits by truncation, each block sum then added into
-    an fp32 accumulator (round to nearest even); bf16 output."""
-    prods = a.double()[:, :, None] * b.double()[None, :, :]
-    total = None
-    for k0 in range(0, prods.shape[1], 128):
-        part = prods[:, k0]
-        for k in range(k0 + 1, min(k0 + 128, prods.shape[1])):
-            part = _trunc_bits(part + prods[:, k], 13)  # exact in float64, then truncated
-        part = part.float()
-        total = part if total is None else total + part
-    return total.to(torch.bfloat16)
+def _promoted(block: int):
+    """A GEMM whose partial sums of ``block`` products are kept in 13 fraction bits by
+    truncation, each block sum then added into an fp32 accumulator (round to nearest even);
+    bf16 output. block = 128: an FP8 GEMM as measured on Hopper (the issue's finding)."""
+    def gemm(a, b):
+        prods = a.double()[:, :, None] * b.double()[None, :, :]
+        total = None
+        for k0 in range(0, prods.shape[1], block):
+            part = prods[:, k0]
+            for k in range(k0 + 1, min(k0 + block, prods.shape[1])):
+                part = _trunc_bits(part + prods[:, k], 13)  # exact in float64, then truncated
+            part = part.float()
+            total = part if total is None else total + part
+        return total.to(torch.bfloat16)
+    return gemm
+
+
+_fp8_gemm_hopper_like = _promoted(128)
 
 
 def test_fp8_gemm_with_a_narrow_promoted_accumulator():
@@ -251,3 +256,38 @@ def test_norm_and_softmax_reductions_determinism_and_batch_invariance():
     assert not fp.deterministic, fp
     fp = fingerprint("rms_norm", "torch", dtype="bf16", device="cpu")
     assert fp.deterministic and fp.batch_invariant, fp
+
+
+@pytest.mark.parametrize("block", [96, 256])
+def test_promotion_blocks_beyond_and_between_powers_of_two(block):
+    fp = fingerprint("matmul", _promoted(block), dtype="bf16", device="cpu")
+    assert (fp.acc_bits, fp.promote_every, fp.acc_rounding) == (13, block, "rz"), fp
+
+
+@pytest.mark.parametrize("name,tree", [("reversed", lambda xs, add: _seq(xs[::-1], add)),
+                                       ("butterfly", lambda xs, add: _pair(
+                                           [_seq(xs[lane::8], add) for lane in range(8)],
+                                           add))])
+def test_acc_bits_do_not_depend_on_which_side_the_small_value_meets(name, tree):
+    """The small probe value added to -X first (a reversed loop, lanes combined by halving)
+    must read the same 23 bits as added to X first."""
+    fp = fingerprint("matmul", _kernel(tree), dtype="bf16", device="cpu")
+    assert (fp.acc_bits, fp.acc_rounding) == (23, "rne"), fp
+
+
+def test_fingerprint_runs_under_the_pinned_numerics():
+    """A caller's reduced-precision knob does not change what the probes measure."""
+    knobs = torch.backends.mkldnn.matmul
+    saved = knobs.fp32_precision
+    try:
+        knobs.fp32_precision = "bf16"
+        changed = fingerprint("matmul", torch.matmul, dtype="fp32", device="cpu")
+    finally:
+        knobs.fp32_precision = saved
+    assert changed.properties() == fingerprint("matmul", torch.matmul, dtype="fp32",
+                                               device="cpu").properties()
+
+
+def test_unnamed_kernels_get_distinct_names():
+    fp = fingerprint("matmul", _kernel(_seq), dtype="bf16", device="cpu")
+    assert fp.kernel == f"{__name__}:_kernel.<locals>.matmul"

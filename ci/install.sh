@@ -7,8 +7,9 @@
 #                                 the venv sees it and pip installs no torch at all
 #
 # NUMCHECK_VENV picks the venv's folder; NUMCHECK_TORCH the torch requirement ("keep": none);
-# NUMCHECK_EXTRAS the extras (default test,torchao: torchao's quantizers and float8 training
-# are checked against numcheck's references when it is installed; "test" alone skips those).
+# NUMCHECK_EXTRAS the extras (default test,torchao,triton: torchao's quantizers and float8
+# training are checked against numcheck's references when it is installed; Triton kernels run
+# in Triton's interpreter on the CPU; "test" alone skips those).
 set -euo pipefail
 here=$(cd "$(dirname "$0")/.." && pwd)
 venv=${NUMCHECK_VENV:-$here/.venv}
@@ -23,5 +24,5 @@ if [ "$torch_req" != keep ]; then
   # shellcheck disable=SC2086  # word-split on purpose: the spec may carry pip options
   "${pip[@]}" $torch_req
 fi
-"${pip[@]}" -e "$here[${NUMCHECK_EXTRAS:-test,torchao}]"
+"${pip[@]}" -e "$here[${NUMCHECK_EXTRAS:-test,torchao,triton}]"
 "$venv/bin/python" -c "import torch, numcheck; print('numcheck', numcheck.__version__, 'torch', torch.__version__)"

@@ -123,6 +123,8 @@ def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "cuda: needs a CUDA device; skipped with the reason without one")
     config.addinivalue_line("markers", "slow: long-running; run with --numcheck-slow")
     golden_mode(config)  # option conflicts are usage errors before anything runs
+    from . import _triton_interp
+    _triton_interp.install_if_interpreting()  # users' Triton kernels in the CPU interpreter
     config.stash[_KEY] = _Run()
     _CONFIG[:] = [config]
     from hypothesis import settings

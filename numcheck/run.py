@@ -22,7 +22,7 @@ from typing import Any
 
 import torch
 
-from . import conditioning, environment, formats, inputs, numerics, policy, verdict
+from . import _triton_interp, conditioning, environment, formats, inputs, numerics, policy, verdict
 from .cases import Case, check_case_set
 from .catalog import as_kernel, get_op, kernels
 from .compiled import isolate_inductor_cache
@@ -572,6 +572,7 @@ def verify(op: str, fn, *, kernel_name: str | None = None, cases: str = "quick",
         raise UsageError("verify(refresh=True) needs golden_dir=: the folder to write to")
     check_case_set(cases)
     isolate_inductor_cache()  # a user's kernel may compile: never from another ISA's cache
+    _triton_interp.install_if_interpreting()  # Triton kernels on the CPU: exact conversions
     spec = get_op(op)
     kern = as_kernel(op, fn, kernel_name)
     device = device or default_device()

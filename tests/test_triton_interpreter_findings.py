@@ -87,3 +87,40 @@ def test_fp32_to_e4m3_rounds_ties_away_and_loses_the_carry(interpreted):
     assert interpreted["down_e4m3"][:4] == [1.0, 1.125, 1.375, 1.0]
     assert interpreted["down_e4m3"][4:] == rne[4:]  # 1.1, 3.875 (carry into an even
     # exponent), 1.0 and 240 come out right
+
+
+_PAIRS = [("fp32", "bf16"), ("fp32", "fp16"), ("fp32", "e4m3"), ("fp32", "e5m2"),
+          ("bf16", "fp32"), ("fp16", "fp32"), ("e4m3", "fp32"), ("bf16", "e4m3")]
+_TORCH = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16,
+          "e4m3": torch.float8_e4m3fn, "e5m2": torch.float8_e5m2}
+
+
+@pytest.mark.parametrize("src,dst", _PAIRS, ids=lambda p: str(p))
+def test_numcheck_conversions_for_the_interpreter_match_torch(src, dst):
+    """numcheck._triton_interp.exact_convert (what nc.verify puts in place of the interpreter's
+    routine) against torch's casts as the oracle: every bit pattern of 8/16-bit sources, 2^16
+    fp32 values spread over all exponents plus inf/NaN/-0/subnormals; NaN by class."""
+    pytest.importorskip("triton")
+    from numcheck._triton_interp import exact_convert
+    width = torch.finfo(_TORCH[src]).bits
+    if width <= 16:
+        raw = torch.arange(2 ** width, dtype=torch.int32).to(torch.int16 if width == 16
+                                                              else torch.uint8)
+        x = raw.view(_TORCH[src])
+    else:
+        g = torch.Generator().manual_seed(1)
+        x = torch.randn(1 << 16, generator=g) * torch.exp2(
+            torch.randint(-140, 128, (1 << 16,), generator=g).float())
+        x[:6] = torch.tensor([float("inf"), -float("inf"), float("nan"), -0.0, 1e-45, 3e38])
+    want = x.to(_TORCH[dst])
+    if dst in ("e4m3", "e5m2"):  # compiled Triton converts with PTX cvt.rn.satfinite: the
+        # largest finite value instead of torch's e5m2 inf
+        big = torch.finfo(_TORCH[dst]).max
+        want = torch.where(want.double().isinf(), torch.sign(want.double()) * big,
+                           want.double()).to(_TORCH[dst])
+    bits = exact_convert(x.contiguous().view(torch.uint8).numpy(), src, dst)
+    got = torch.from_numpy(bits.copy()).view(torch.uint8).view(_TORCH[dst])
+    g64, w64 = got.double(), want.double()
+    assert torch.equal(g64.isnan(), w64.isnan())
+    ok = g64.isnan() | ((g64 == w64) & (torch.signbit(g64) == torch.signbit(w64)))
+    assert bool(ok.all()), (x[~ok][:5], got[~ok][:5], want[~ok][:5])

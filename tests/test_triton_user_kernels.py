@@ -1,0 +1,105 @@
+"""A user's Triton kernel through ``nc.verify`` on the CPU, in Triton's interpreter: the
+documented launcher recipe (docs/triton.md) with an RMSNorm that loads bf16, computes in fp32
+and stores bf16 in the kernel. With numcheck's exact interpreter conversions
+(numcheck._triton_interp, installed by ``nc.verify`` when TRITON_INTERPRET is set) the correct
+kernel passes, including bf16 subnormal inputs and the in-kernel fp32 -> bf16 store that the
+bare interpreter truncates; a missing tail mask and an ignored column stride are caught. Runs
+in a subprocess: TRITON_INTERPRET must be set before triton is imported and must not leak."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+_SCRIPT = r'''
+import json, sys
+import torch, triton, triton.language as tl
+import numcheck as nc
+
+@triton.jit
+def rms_fwd(X, W, Y, D, sxr, sxc, syr, eps, BLOCK: tl.constexpr, TAIL: tl.constexpr,
+            STRIDED: tl.constexpr):
+    row = tl.program_id(0)
+    cols = tl.arange(0, BLOCK)
+    inside = cols < D
+    xcol = cols * sxc if STRIDED else cols
+    if TAIL:
+        x = tl.load(X + row * sxr + xcol, mask=inside, other=0.0).to(tl.float32)
+    else:  # the fault: the lanes past D read the next row (or the buffer's end) into the sum
+        x = tl.load(X + row * sxr + xcol).to(tl.float32)
+    w = tl.load(W + cols, mask=inside, other=0.0).to(tl.float32)
+    rstd = 1.0 / tl.sqrt(tl.sum(x * x, axis=0) / D + eps)
+    y = (x * rstd * w).to(Y.dtype.element_ty)
+    tl.store(Y + row * syr + cols, y, mask=inside)
+
+def launcher(tail=True, strided=True):
+    def rms_norm(x, weight, eps):
+        d = x.shape[-1]
+        x2 = x.reshape(-1, d)  # a view where the layout allows: strides are the kernel's job
+        block = triton.next_power_of_2(d)
+        if not tail:  # the faulty kernel reads past the last row: give it memory to read
+            pad = torch.full((x2.numel() + block,), float("nan"), dtype=x.dtype)
+            pad[: x2.numel()] = x2.reshape(-1)
+            x2 = pad[: x2.numel()].view(x2.shape)
+        y = torch.empty(x2.shape, dtype=x.dtype)
+        rms_fwd[(x2.shape[0],)](x2, weight, y, d, x2.stride(0), x2.stride(1), y.stride(0), eps,
+                                BLOCK=block, TAIL=tail, STRIDED=strided)
+        return y.reshape(x.shape)
+    return rms_norm
+
+CASES = ["bf16-3x129-normal-s0-transposed-fp32", "bf16-2x7x1025-zero_blocks-s0-contiguous-same",
+         "bf16-16x33-zero_blocks-s0-contiguous-same", "bf16-3x129-subnormal-s0-transposed-fp32",
+         "bf16-4x128-outlier_channels-s0-contiguous-same"]
+out = {}
+for name, fn in [("correct", launcher()), ("no_tail_mask", launcher(tail=False)),
+                 ("ignores_stride", launcher(strided=False))]:
+    v = nc.verify("rms_norm", nc.kernel("rms_norm", name=name, forward_only=True)(fn),
+                  device="cpu", case_ids=CASES)
+    out[name] = {"passed": v.passed, "failed": sorted(r.case_id for r in v.failures)}
+import os
+from numcheck import _triton_interp
+_triton_interp.uninstall()  # the bare interpreter, for comparison: verify must not reinstall
+os.environ.pop("TRITON_INTERPRET")  # (the kernel stays interpreted: decorated with it set)
+bare = nc.kernel("rms_norm", name="bare", forward_only=True)(launcher())
+v = nc.verify("rms_norm", bare, device="cpu", case_ids=CASES)
+import triton.runtime.interpreter as ti
+assert ti._convert_float.__module__ == "triton.runtime.interpreter"
+out["correct_bare_interpreter"] = {"passed": v.passed,
+                                   "failed": sorted(r.case_id for r in v.failures)}
+print(json.dumps(out))
+'''
+
+
+@pytest.fixture(scope="module")
+def verdicts():
+    pytest.importorskip("triton")
+    res = subprocess.run([sys.executable, "-c", _SCRIPT], capture_output=True, text=True,
+                         timeout=600, env={**os.environ, "TRITON_INTERPRET": "1"})
+    assert res.returncode == 0, res.stderr[-3000:]
+    return json.loads(res.stdout.strip().splitlines()[-1])
+
+
+def test_correct_kernel_passes_in_the_interpreter(verdicts):
+    assert verdicts["correct"] == {"passed": True, "failed": []}
+
+
+def test_the_bare_interpreter_fails_the_correct_kernel(verdicts):
+    """Without numcheck's conversions the same kernel fails (the interpreter's truncating bf16
+    store, its bf16 subnormal loads): what install() is for."""
+    failed = verdicts["correct_bare_interpreter"]["failed"]
+    assert "bf16-3x129-subnormal-s0-transposed-fp32" in failed  # SQNR -0.2 dB: the loads
+    assert len(failed) >= 2  # and the truncating store (mean ULP toward larger magnitude -0.5)
+
+
+def test_missing_tail_mask_is_caught(verdicts):
+    failed = verdicts["no_tail_mask"]["failed"]
+    assert failed and all(any(f"x{d}-" in c for d in (1025, 33, 129)) for c in failed)
+    assert "bf16-4x128-outlier_channels-s0-contiguous-same" not in failed  # no tail at 128
+
+
+def test_ignored_stride_is_caught_on_the_transposed_layout(verdicts):
+    failed = verdicts["ignores_stride"]["failed"]
+    assert failed and all("transposed" in c for c in failed)

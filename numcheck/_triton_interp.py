@@ -91,6 +91,39 @@ def install() -> bool:
     return True
 
 
+_MODULES: dict = {}
+
+
+def kernels_module(device):
+    """numcheck.triton_kernels for ``device``: on CUDA the module as imported (compiled
+    kernels); on the CPU a second copy of it whose ``@triton.jit`` decorators ran with the
+    interpreter switched on inside ``triton.knobs.runtime.scope()`` (restored after: no other
+    kernel of the process and no environment variable changes), with ``install()``."""
+    if torch.device(device).type != "cpu":
+        from . import triton_kernels
+        return triton_kernels
+    if "cpu" not in _MODULES:
+        import importlib.util
+
+        import triton
+        install()
+        spec = importlib.util.find_spec("numcheck.triton_kernels")
+        mod = importlib.util.module_from_spec(spec)
+        with triton.knobs.runtime.scope():
+            triton.knobs.runtime.interpret = True
+            spec.loader.exec_module(mod)
+        _MODULES["cpu"] = mod
+    return _MODULES["cpu"]
+
+
+def available() -> str | None:
+    """None where triton imports, else why not (a skip reason)."""
+    import importlib.util
+    if importlib.util.find_spec("triton") is None:
+        return "triton is not installed (pip install 'numcheck[triton]')"
+    return None
+
+
 def install_if_interpreting() -> bool:
     """``install()`` where ``TRITON_INTERPRET`` asks for the interpreter (and only there: importing
     triton costs a second)."""

@@ -46,6 +46,7 @@ import torch
 
 from . import formats, numerics
 from .errors import UsageError
+from .cases import Case
 from .records import Record, Status
 
 PROPERTIES = ("acc_bits", "promote_every", "acc_rounding", "order", "deterministic",
@@ -747,6 +748,12 @@ def _platform(device: str) -> str:
     return ", ".join([plat, prov.get("cpu_isa") or "?"] + caps)
 
 
+# The widest shape each op's probes pass a kernel (rows x reduced length; sdpa: B, H, S, D).
+_PROBE_SHAPE = {"matmul": (256, 512, 256), "linear": (256, 512, 256),
+                "sdpa": (48, 2, 64, 64, 64), "softmax": (48, 4096), "log_softmax": (48, 4096),
+                "rms_norm": (48, 4096), "layer_norm": (48, 4096)}
+
+
 def suite_items(device: str) -> list[tuple[str, str, str, str | None]]:
     """(op, kernel name, dtype, skip reason or None) for every registered kernel of a probed op
     and every dtype its probe holds."""
@@ -764,6 +771,12 @@ def suite_items(device: str) -> list[tuple[str, str, str, str | None]]:
                 elif kern.compiled:
                     why = (f"compiled kernel {name} is not fingerprinted: each probe shape "
                            f"would be a new graph")
+                elif kern.supports is not None:  # the kernel's own limits at a probe's shape
+                    try:
+                        why = kern.supports(Case(op, dtype, _PROBE_SHAPE[op], "normal", 0),
+                                            device)
+                    except Exception:  # a constraint written for its op's grid: probe anyway
+                        why = None
                 out.append((op, name, dtype, why))
     return out
 

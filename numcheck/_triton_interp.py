@@ -42,10 +42,8 @@ def _decode(data: np.ndarray, dt: torch.dtype) -> torch.Tensor:
     """float64 values of the raw bits in ``data`` read as ``dt`` (every such value is exact in
     float64)."""
     np_u, t_int = _bits_dtype(torch.finfo(dt).bits // 8)
-    raw = torch.from_numpy(np.frombuffer(data.tobytes(), dtype=np_u).astype(np_u).copy())
-    if dt == torch.uint8 or np_u is np.uint8:
-        return raw.view(dt).double()
-    return raw.view(t_int).view(dt).double()
+    raw = torch.from_numpy(np.frombuffer(data.tobytes(), dtype=np_u).copy())
+    return (raw if np_u is np.uint8 else raw.view(t_int)).view(dt).double()
 
 
 def exact_convert(data: np.ndarray, src: str, dst: str, rounding: str = "rne") -> np.ndarray:

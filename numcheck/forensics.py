@@ -12,20 +12,22 @@ Probes (every value a power of two or 3 x one, exact in the input dtype; the out
 the output dtype, else compared after numcheck's own rounding of the prediction):
 
 * order: +B at position i, -B at j, a unit U everywhere else, with B / U far beyond any
-  accumulator's reach (2^105 for bf16/fp32 inputs, 2^40 for fp16). Whatever adds into a partial
-  sum that holds +-B is swamped, so the output counts the units outside the smallest subtree of
-  the summation tree that holds both i and j. Pairs (0, j) and (n-1, j) at n = 128, 256, 512
-  tell sequential, pairwise, blocked:<k> (sequential blocks of k, whatever n), split:<s> (s
-  chunks, whatever n) and strided:<w> (w lanes) apart; each hypothesis's prediction is computed
-  by evaluating its tree, and the order is the hypothesis that predicts every probe.
-* acc_bits: X at 0, X 2^-t at the leaf summed first with it, -X at the last leaf: the output is
-  X 2^-t while 1 + 2^-t survives the accumulator, 0 (or a rounding up) once it does not;
-  acc_bits is the largest t that survives (23 for fp32 accumulation, 52 for fp64).
-* promote_every: the same probe with the small value at position j = 2, 4, ..., n/2 (and j - 1):
+  accumulator's reach (2^105 for bf16/fp32 inputs, 2^40 for fp16, 2^28 for e4m3). Whatever adds
+  into a partial sum that holds +-B is swamped, so the output counts the units outside the
+  smallest subtree of the summation tree that holds both i and j. Pairs (0, j) and (n-1, j) at
+  n = 128, 256, 512 tell sequential, pairwise, blocked:<k> (sequential blocks of k, whatever
+  n), split:<s> (s chunks, whatever n) and strided:<w> (w lanes) apart; each hypothesis's
+  prediction is computed by evaluating its tree exactly with the measured accumulator, and the
+  order is the hypothesis that predicts every probe.
+* acc_bits: X = 1.5 2^b at 0, 2^(b-q) at the leaf summed first with it, -X at the last leaf:
+  the output is 2^(b-q) while X + 2^(b-q) survives, 0 (or a rounding up) once it does not;
+  acc_bits is the largest q that survives (23 for fp32 accumulation, 52 for fp64). X + s and
+  -X + s stay in X's binade: the answer does not depend on which the tree adds s to first.
+* promote_every: the same probe with the small value at j = 2, 4, ..., 256 on rows of 4j:
   where partial sums of k products are kept in fewer bits and then added in a wider
-  accumulator, X and X 2^-t meet in the wide one once j >= k.
-* acc_rounding: X + 0.75 ulp, -X - 0.75 ulp and X + 0.5 ulp (ulp at acc_bits): rne, rna, rz,
-  rd (toward -inf) or ru (toward +inf) from which of them round away from X.
+  accumulator, X and the small value meet in the wide one once j >= k (bisected to k).
+* acc_rounding: X + 0.75 ulp, -X - 0.75 ulp, X + 0.5 ulp and X - 0.25 ulp (ulp at acc_bits):
+  rne, rna, rz, rd (toward -inf) or ru (toward +inf) from which of them leave X.
 * deterministic: the same random inputs N times, bitwise; the spread in ULPs when they differ.
 * batch_invariant: rows of a batched call against the same rows computed alone and in other
   batch sizes (sdpa: batch entries and shorter query blocks), bitwise.
@@ -33,7 +35,7 @@ the output dtype, else compared after numcheck's own rounding of the prediction)
 Limits: fp16 inputs reach 2^40 between B and U (an accumulator wider than ~36 bits reads as
 "unknown" order there); sdpa needs bf16 or fp32 (fp16's range holds no swamping probe);
 reductions inside norms and softmax sum positive terms only (squares, exponentials), which no
-cancellation probe can be built from: they are not fingerprinted.
+cancellation probe can be built from: only their determinism and batch invariance are measured.
 """
 from __future__ import annotations
 
@@ -61,7 +63,7 @@ class Fingerprint:
     """What ``fingerprint`` inferred, with the evidence of each property (``evidence[name]``).
 
     acc_bits: fraction bits the accumulator keeps (23 = fp32; None: no probe survived even
-    t = 1). promote_every: None, or the block length after which partial sums are added in a
+    q = 1, or the op has no accumulation probe). promote_every: None, or the block length after which partial sums are added in a
     wider accumulator. acc_rounding: "rne" | "rna" | "rz" | "rd" | "ru" | "unknown". order:
     "sequential" | "pairwise" | "blocked:<k>" | "split:<s>" | "strided:<w>" | "unknown".
     deterministic: bitwise equal over repeated runs. batch_invariant: rows independent of the
@@ -418,7 +420,6 @@ class _Prober:
     def __init__(self, red: _Reduction, fn, dtype: str, device: str) -> None:
         self.red, self.fn, self.dtype, self.device = red, fn, dtype, device
         self.out_fmt = dtype  # the kernel's output format, read from its first output
-        self.calls = 0
 
     def sums(self, values: torch.Tensor) -> torch.Tensor:
         """Kernel's sum of each row of ``values`` (float64, exact in the input dtype)."""
@@ -441,7 +442,6 @@ class _Prober:
                 raise UsageError(f"fingerprint: the {self.red.op} kernel returned {got.dtype}; "
                                  f"the probes read bf16, fp16 or fp32 outputs")
             self.out_fmt = _OUT_FMT[got.dtype]
-            self.calls += 1
             parts.append(got.detach().double().cpu()[: min(_ROWS, values.shape[0] - r0)])
         return torch.cat(parts)
 
@@ -607,9 +607,7 @@ def _fingerprint(op, red, fn, dtype, device, kernel_name) -> Fingerprint:
     evidence: dict[str, str] = {}
     if red.probes_accumulation:
         pr.sums(torch.zeros((1, SIZES[0]), dtype=torch.float64))  # learns the output format
-        # K = 512 with -X at the end: X 2^-t at j <= 128 and -X are then never in one block
-        # of up to 128 (where X 2^-t - X would be exact one bit further, like a promotion)
-        n = SIZES[-1]
+        n = SIZES[-1]  # the precision probes' rows: -X at 511, far from the small value
         acc_bits, rounding, promote, order = _accumulation(pr, sc, n, 1, evidence)
         if order.startswith("strided:"):  # leaf 0's first partner is w positions away
             acc_bits, rounding, promote, order = _accumulation(pr, sc, n, int(order[8:]),

@@ -5,9 +5,10 @@ power of two (masked tail), loads in the input dtypes, arithmetic in fp32, store
 output dtypes. The weight gradient is reduced in two steps (a per-row fp32 partial in the
 kernel, their sum over rows on the host), as fused RMSNorm kernels do.
 
-Written for the interpreter too: reductions use ``tl.reduce`` with combine functions of this
-module (the library's ``tl.sum`` is a ``@triton.jit`` helper that only runs interpreted when
-TRITON_INTERPRET was set before triton's import). On the CPU numcheck loads this file a second
+Written for the interpreter too: reductions are trees of builtins (``_tree_sum``), not the
+library's ``tl.sum`` (a ``@triton.jit`` helper that only runs interpreted when TRITON_INTERPRET
+was set before triton's import) nor ``tl.reduce`` with a combine function (which the
+interpreter runs element by element in Python). On the CPU numcheck loads this file a second
 time with the interpreter switched on for its decorators only (numcheck._triton_interp.module);
 on CUDA it is imported as it is and compiled.
 """
@@ -19,34 +20,41 @@ import triton.language as tl
 
 
 @triton.jit
-def _add(a, b):
-    return a + b
+def _tree_sum(x, LOG2: tl.constexpr):
+    """Sum of a power-of-two block as a pairwise tree of builtins (adjacent pairs first): shape
+    (1,). The interpreter runs tl.reduce with a combine function one element at a time in
+    Python (0.19 s for 2048 elements); reshape/split/add are whole-array numpy operations."""
+    for _ in tl.static_range(LOG2):
+        a, b = tl.split(tl.reshape(x, (x.shape[0] // 2, 2)))
+        x = a + b
+    return x
 
 
 @triton.jit
-def _rms_fwd(X, W, Y, R, D, sxr, sxc, syr, eps, BLOCK: tl.constexpr):
+def _rms_fwd(X, W, Y, R, D, sxr, sxc, syr, eps, BLOCK: tl.constexpr, LOG2: tl.constexpr):
     row = tl.program_id(0)
     cols = tl.arange(0, BLOCK)
     inside = cols < D
     x = tl.load(X + row * sxr + cols * sxc, mask=inside, other=0.0).to(tl.float32)
     w = tl.load(W + cols, mask=inside, other=0.0).to(tl.float32)
-    r = 1.0 / tl.sqrt(tl.reduce(x * x, 0, _add) / D + eps)
-    tl.store(R + row, r)
+    r = 1.0 / tl.sqrt(_tree_sum(x * x, LOG2) / D + eps)  # shape (1,)
+    tl.store(R + row + tl.arange(0, 1), r)
     tl.store(Y + row * syr + cols, (x * r * w).to(Y.dtype.element_ty), mask=inside)
 
 
 @triton.jit
-def _rms_bwd(G, X, W, R, DX, DWP, D, sgr, sxr, sxc, sdr, BLOCK: tl.constexpr):
+def _rms_bwd(G, X, W, R, DX, DWP, D, sgr, sxr, sxc, sdr, BLOCK: tl.constexpr,
+             LOG2: tl.constexpr):
     row = tl.program_id(0)
     cols = tl.arange(0, BLOCK)
     inside = cols < D
     x = tl.load(X + row * sxr + cols * sxc, mask=inside, other=0.0).to(tl.float32)
     g = tl.load(G + row * sgr + cols, mask=inside, other=0.0).to(tl.float32)
     w = tl.load(W + cols, mask=inside, other=0.0).to(tl.float32)
-    r = tl.load(R + row)
+    r = tl.load(R + row + tl.arange(0, 1))
     xhat = x * r  # normalized first: g * x would underflow on tiny rows before r scales it up
     gw = g * w
-    c = tl.reduce(gw * xhat, 0, _add) / D
+    c = _tree_sum(gw * xhat, LOG2) / D
     tl.store(DX + row * sdr + cols, (r * (gw - xhat * c)).to(DX.dtype.element_ty), mask=inside)
     tl.store(DWP + row * D + cols, g * xhat, mask=inside)
 
@@ -62,8 +70,9 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     y = torch.empty((n, d), dtype=x.dtype, device=x.device)
     r = torch.empty(n, dtype=torch.float32, device=x.device)
     if n:
+        block = triton.next_power_of_2(d)
         _rms_fwd[(n,)](x2, weight, y, r, d, x2.stride(0), x2.stride(1), y.stride(0), eps,
-                       BLOCK=triton.next_power_of_2(d))
+                       BLOCK=block, LOG2=block.bit_length() - 1)
     return y.reshape(x.shape)
 
 
@@ -79,8 +88,61 @@ def rms_norm_backward(grad_out: torch.Tensor, x: torch.Tensor, weight: torch.Ten
     dwp = torch.empty((n, d), dtype=torch.float32, device=x.device)
     if n:
         block = triton.next_power_of_2(d)
+        log2 = block.bit_length() - 1
         _rms_fwd[(n,)](x2, weight, scratch, r, d, x2.stride(0), x2.stride(1),
-                       scratch.stride(0), eps, BLOCK=block)
+                       scratch.stride(0), eps, BLOCK=block, LOG2=log2)
         _rms_bwd[(n,)](g2, x2, weight, r, dx, dwp, d, g2.stride(0), x2.stride(0),
-                       x2.stride(1), dx.stride(0), BLOCK=block)
+                       x2.stride(1), dx.stride(0), BLOCK=block, LOG2=log2)
     return dx.reshape(x.shape), dwp.sum(0).to(weight.dtype)
+
+
+@triton.jit
+def _tree_max(x, LOG2: tl.constexpr):
+    """Maximum of a power-of-two block, as _tree_sum (shape (1,)); NaN handled by the caller."""
+    for _ in tl.static_range(LOG2):
+        a, b = tl.split(tl.reshape(x, (x.shape[0] // 2, 2)))
+        x = tl.maximum(a, b)
+    return x
+
+
+@triton.jit
+def _fp8_row_qdq(X, Y, D, sxr, sxc, syr, FMAX: tl.constexpr, E5M2: tl.constexpr,
+                 POW2: tl.constexpr, BLOCK: tl.constexpr, LOG2: tl.constexpr):
+    row = tl.program_id(0)
+    cols = tl.arange(0, BLOCK)
+    inside = cols < D
+    x = tl.load(X + row * sxr + cols * sxc, mask=inside, other=0.0).to(tl.float32)
+    a = tl.abs(x)
+    amax = _tree_max(a, LOG2)
+    bad = _tree_sum(tl.where(a != a, 1.0, 0.0), LOG2) + tl.where(amax == float("inf"), 1.0, 0.0)
+    scale = tl.minimum(FMAX / amax, 3.4028234663852886e38)  # fp32 division, clamped (spec)
+    scale = tl.where(amax == 0.0, 1.0, scale)
+    if POW2:  # rounded down to a power of two: the exponent bits alone (scale >= 2^-126 here)
+        scale = (scale.to(tl.int32, bitcast=True) & 0x7F800000).to(tl.float32, bitcast=True)
+    scale = tl.where(bad > 0.0, float("nan"), scale)  # NaN or inf in the row: all NaN (spec)
+    q = x * scale  # the fp32 product, then one RNE rounding to fp8, saturating
+    if E5M2:
+        c = q.to(tl.float8e5).to(tl.float32)
+    else:
+        c = q.to(tl.float8e4nv).to(tl.float32)
+    tl.store(Y + row * syr + cols, (c / scale).to(Y.dtype.element_ty), mask=inside)
+
+
+def fp8_qdq(x: torch.Tensor, fmt: str = "e4m3", granularity: str = "row", dim: int = -1,
+            pow2_scale: bool = False) -> torch.Tensor:
+    """FP8 current scaling, one scale per row (granularity "row" along the last dim): the
+    numcheck.quant.fp8 spec step by step (fp32 amax, fp32 scale = max / amax, fp32 product,
+    one RNE rounding to fmt with saturation, fp32 dequantization, one rounding to x's dtype)."""
+    if granularity != "row" or dim not in (-1, x.dim() - 1) or fmt not in ("e4m3", "e5m2"):
+        raise ValueError(f"triton fp8_qdq: row scaling along the last dim of e4m3/e5m2 only "
+                         f"(got {fmt}, {granularity}, dim={dim})")
+    x2 = _rows(x)
+    n, d = x2.shape
+    y = torch.empty((n, d), dtype=x.dtype, device=x.device)
+    if n:
+        block = triton.next_power_of_2(d)
+        fmax = 57344.0 if fmt == "e5m2" else 448.0  # e5m2 / e4m3 largest finite values
+        _fp8_row_qdq[(n,)](x2, y, d, x2.stride(0), x2.stride(1), y.stride(0), FMAX=fmax,
+                           E5M2=fmt == "e5m2", POW2=bool(pow2_scale), BLOCK=block,
+                           LOG2=block.bit_length() - 1)
+    return y.reshape(x.shape)

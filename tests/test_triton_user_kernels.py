@@ -3,7 +3,8 @@ documented launcher recipe (docs/triton.md) with an RMSNorm that loads bf16, com
 and stores bf16 in the kernel. With numcheck's exact interpreter conversions
 (numcheck._triton_interp, installed by ``nc.verify`` when TRITON_INTERPRET is set) the correct
 kernel passes, including bf16 subnormal inputs and the in-kernel fp32 -> bf16 store that the
-bare interpreter truncates; a missing tail mask and an ignored column stride are caught. Runs
+bare interpreter truncates; a missing tail mask and an ignored column stride are caught, and
+an FP8 row quantizer whose scale is computed per tile instead of per row. Runs
 in a subprocess: TRITON_INTERPRET must be set before triton is imported and must not leak."""
 from __future__ import annotations
 
@@ -50,6 +51,41 @@ def launcher(tail=True, strided=True):
         return y.reshape(x.shape)
     return rms_norm
 
+@triton.jit
+def fp8_row(X, Y, D, FMAX: tl.constexpr, E5M2: tl.constexpr, TILE: tl.constexpr,
+            PER_TILE: tl.constexpr):
+    row = tl.program_id(0)
+    amax = 0.0
+    if not PER_TILE:  # the row's amax first, tile by tile
+        for t0 in range(0, D, TILE):
+            cols = t0 + tl.arange(0, TILE)
+            x = tl.load(X + row * D + cols, mask=cols < D, other=0.0).to(tl.float32)
+            amax = tl.maximum(amax, tl.max(tl.abs(x), axis=0))
+    for t0 in range(0, D, TILE):
+        cols = t0 + tl.arange(0, TILE)
+        x = tl.load(X + row * D + cols, mask=cols < D, other=0.0).to(tl.float32)
+        if PER_TILE:  # the fault: one scale per tile of the row
+            amax = tl.max(tl.abs(x), axis=0)
+        scale = tl.where(amax == 0.0, 1.0, FMAX / amax)
+        if E5M2:
+            c = (x * scale).to(tl.float8e5).to(tl.float32)
+        else:
+            c = (x * scale).to(tl.float8e4nv).to(tl.float32)
+        tl.store(Y + row * D + cols, (c / scale).to(Y.dtype.element_ty), mask=cols < D)
+
+def fp8_launcher(per_tile):
+    def fp8_qdq(x, fmt="e4m3", granularity="row", dim=-1):
+        assert granularity == "row" and dim in (-1, x.dim() - 1)
+        x2 = x.reshape(-1, x.shape[-1]).contiguous()
+        y = torch.empty_like(x2)
+        fp8_row[(x2.shape[0],)](x2, y, x2.shape[1], FMAX=57344.0 if fmt == "e5m2" else 448.0,
+                                E5M2=fmt == "e5m2", TILE=128, PER_TILE=per_tile)
+        return y.reshape(x.shape)
+    return fp8_qdq
+
+FP8_CASES = ["bf16-1x4096-wide_range-s0-e4m3-row-_1", "bf16-8x200-normal-s0-e4m3-row-_1",
+             "bf16-256x384-zero_blocks-s0-e5m2-row-_1"]
+
 CASES = ["bf16-3x129-normal-s0-transposed-fp32", "bf16-2x7x1025-zero_blocks-s0-contiguous-same",
          "bf16-16x33-zero_blocks-s0-contiguous-same", "bf16-3x129-subnormal-s0-transposed-fp32",
          "bf16-4x128-outlier_channels-s0-contiguous-same"]
@@ -58,6 +94,10 @@ for name, fn in [("correct", launcher()), ("no_tail_mask", launcher(tail=False))
                  ("ignores_stride", launcher(strided=False))]:
     v = nc.verify("rms_norm", nc.kernel("rms_norm", name=name, forward_only=True)(fn),
                   device="cpu", case_ids=CASES)
+    out[name] = {"passed": v.passed, "failed": sorted(r.case_id for r in v.failures)}
+for name, per_tile in [("fp8_per_row", False), ("fp8_per_tile", True)]:
+    fn = nc.kernel("fp8_qdq", name=name, forward_only=True)(fp8_launcher(per_tile))
+    v = nc.verify("fp8_qdq", fn, device="cpu", case_ids=FP8_CASES)
     out[name] = {"passed": v.passed, "failed": sorted(r.case_id for r in v.failures)}
 import os
 from numcheck import _triton_interp
@@ -103,3 +143,12 @@ def test_missing_tail_mask_is_caught(verdicts):
 def test_ignored_stride_is_caught_on_the_transposed_layout(verdicts):
     failed = verdicts["ignores_stride"]["failed"]
     assert failed and all("transposed" in c for c in failed)
+
+
+def test_fp8_scale_per_tile_instead_of_per_row_is_caught(verdicts):
+    """Rows longer than the 128-wide tile: a scale per tile quantizes each tile against its own
+    amax (finer than the row's scale allows) and fails the bit-exact rule; the per-row kernel,
+    the same code with the row's amax first, passes."""
+    assert verdicts["fp8_per_row"] == {"passed": True, "failed": []}
+    failed = verdicts["fp8_per_tile"]["failed"]
+    assert "bf16-1x4096-wide_range-s0-e4m3-row-_1" in failed and failed

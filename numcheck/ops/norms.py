@@ -255,19 +255,8 @@ def _triton_rms_norm_backward(grad_out, x, weight, eps):
     return _triton_interp.kernels_module(x.device).rms_norm_backward(grad_out, x, weight, eps)
 
 
-# Triton's interpreter runs tl.reduce with a kernel's own combine function in Python: a
-# 1025-wide row costs ~3.5 s (measured, 2 cores); rows up to this width keep the quick suite's
-# Triton cases at ~10 s of CPU (docs/triton.md). Compiled (CUDA) kernels run every case.
-_INTERPRETED_MAX_ROW = 256
-
-
-def _triton_supports(case, device):
-    why = _triton_interp.available()
-    if why is None and torch.device(device).type == "cpu" and \
-            case.shape[-1] > _INTERPRETED_MAX_ROW:
-        why = (f"triton on the CPU runs in the interpreter: rows of up to "
-               f"{_INTERPRETED_MAX_ROW} (this case: {case.shape[-1]})")
-    return why
+def _triton_available(case, device):
+    return _triton_interp.available()
 
 
 KERNELS = (
@@ -275,7 +264,7 @@ KERNELS = (
         known_failure=_cuda_rms_subnormal_grad),
     # numcheck.triton_kernels: interpreted on the CPU (docs/triton.md), compiled on CUDA
     Kernel("rms_norm", "triton", _triton_rms_norm, backward=_triton_rms_norm_backward,
-           supports=_triton_supports),
+           supports=_triton_available),
     Kernel("layer_norm", "torch", _eager_layer_norm, supports=_cuda_ln_mixed_dtypes,
         known_failure=_torch_ln_backward_cancels),
     Kernel("adaln_modulate", "torch", _eager_adaln,

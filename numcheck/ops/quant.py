@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import torch
 
-from .. import formats, inputs
+from .. import _triton_interp, formats, inputs
 from ..cases import Case, make_grid
 from ..errors import UsageError
 from ..policy import Policy
@@ -496,8 +496,22 @@ SCALED_MATMUL = OpSpec(
 
 
 OPS: tuple[OpSpec, ...] = (FP8_QDQ, MX_QDQ, NVFP4_QDQ, INT8_QDQ, INT4_QDQ, SCALED_MATMUL)
+def _triton_fp8_qdq(x, fmt="e4m3", granularity="row", dim=-1, pow2_scale=False):
+    return _triton_interp.kernels_module(x.device).fp8_qdq(x, fmt, granularity, dim, pow2_scale)
+
+
+def _triton_fp8_supports(case, device):
+    if case.param("granularity") != "row" or \
+            case.param("dim", -1) not in (-1, len(case.shape) - 1):
+        return "triton fp8_qdq scales rows along the last dim only"
+    return _triton_interp.available()
+
+
 KERNELS: tuple[Kernel, ...] = (
     Kernel("fp8_qdq", "torch", torch_fp8_qdq, forward_only=True),
+    # numcheck.triton_kernels: interpreted on the CPU (docs/triton.md), compiled on CUDA
+    Kernel("fp8_qdq", "triton", _triton_fp8_qdq, forward_only=True,
+           supports=_triton_fp8_supports),
     Kernel("mx_qdq", "torch", torch_mx_qdq, forward_only=True, supports=_mx_elem_supported),
     Kernel("nvfp4_qdq", "torch", torch_nvfp4_qdq, forward_only=True),
     Kernel("int8_qdq", "torch", torch_int8_qdq, forward_only=True),

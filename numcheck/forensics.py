@@ -769,6 +769,9 @@ def suite_items(device: str) -> list[tuple[str, str, str, str | None]]:
                 elif kern.compiled:
                     why = (f"compiled kernel {name} is not fingerprinted: each probe shape "
                            f"would be a new graph")
+                elif name == "triton" and dev == "cpu":  # numcheck.triton_kernels
+                    why = ("Triton kernels run in Triton's interpreter on the CPU: their "
+                           "fingerprint would be numpy's (fingerprinted compiled on CUDA)")
                 elif kern.supports is not None:  # the kernel's own limits at a probe's shape
                     try:
                         why = kern.supports(Case(op, dtype, _PROBE_SHAPE[op], "normal", 0),

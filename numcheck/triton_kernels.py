@@ -146,3 +146,40 @@ def fp8_qdq(x: torch.Tensor, fmt: str = "e4m3", granularity: str = "row", dim: i
                            E5M2=fmt == "e5m2", POW2=bool(pow2_scale), BLOCK=block,
                            LOG2=block.bit_length() - 1)
     return y.reshape(x.shape)
+
+
+@triton.jit
+def _softmax_online(X, Y, D, sxr, sxc, syr, TILE: tl.constexpr, LOG2: tl.constexpr):
+    """One pass for the running max and the rescaled running sum over tiles of the row (online
+    softmax), a second for the outputs."""
+    row = tl.program_id(0)
+    m = tl.full((1,), float("-inf"), tl.float32)
+    s = tl.full((1,), 0.0, tl.float32)  # (tl.zeros is a library @jit helper)
+    for t0 in range(0, D, TILE):
+        cols = t0 + tl.arange(0, TILE)
+        x = tl.load(X + row * sxr + cols * sxc, mask=cols < D, other=float("-inf"))
+        x = x.to(tl.float32)
+        m_new = tl.maximum(m, _tree_max(x, LOG2))
+        s = s * tl.exp(m - m_new) + _tree_sum(tl.exp(x - m_new), LOG2)
+        m = m_new
+    for t0 in range(0, D, TILE):
+        cols = t0 + tl.arange(0, TILE)
+        x = tl.load(X + row * sxr + cols * sxc, mask=cols < D, other=float("-inf"))
+        y = tl.exp(x.to(tl.float32) - m) / s
+        tl.store(Y + row * syr + cols, y.to(Y.dtype.element_ty), mask=cols < D)
+
+
+_SOFTMAX_TILE = 128  # rows longer than a tile take the online path (rescaled partial sums)
+
+
+def softmax(x: torch.Tensor, dim: int = -1) -> torch.Tensor:
+    """softmax(x, dim) by an online (single-pass statistics) kernel over tiles of 128."""
+    xt = x.movedim(dim, -1)
+    x2 = xt.reshape(-1, xt.shape[-1])
+    n, d = x2.shape
+    y = torch.empty((n, d), dtype=x.dtype, device=x.device)
+    if n and d:
+        tile = min(triton.next_power_of_2(d), _SOFTMAX_TILE)
+        _softmax_online[(n,)](x2, y, d, x2.stride(0), x2.stride(1), y.stride(0), TILE=tile,
+                              LOG2=tile.bit_length() - 1)
+    return y.reshape(xt.shape).movedim(-1, dim)

@@ -1,6 +1,6 @@
-"""numcheck's built-in Triton kernels (numcheck/triton_kernels.py) on the CPU: run in Triton's
-interpreter for their own decorators only (numcheck._triton_interp.kernels_module), they pass
-their op's cases, and nothing leaks: no TRITON_INTERPRET in the environment, the knob off, a
+"""numcheck's built-in Triton kernels (numcheck/triton_kernels.py: RMSNorm forward and backward,
+online softmax, FP8 row-wise quantize) on the CPU: run in Triton's interpreter for their own
+decorators only (numcheck._triton_interp.kernels_module), they pass their ops' cases, and nothing leaks: no TRITON_INTERPRET in the environment, the knob off, a
 kernel decorated afterwards is a compiled JITFunction. In a subprocess, so that this process's
 triton state stays as it was."""
 from __future__ import annotations
@@ -23,6 +23,12 @@ v = nc.verify("rms_norm", kernels("rms_norm")["triton"], device="cpu",
                         "fp32-1x7-subnormal-s0-contiguous-same",
                         "bf16-16x33-zero_blocks-s0-contiguous-same",
                         "bf16-2x7x1025-zero_blocks-s0-contiguous-same"])
+sm = nc.verify("softmax", kernels("softmax")["triton"], device="cpu",
+               case_ids=["fp32-1x1025-normal-s0-transposed-last",
+                         "fp32-3x129-large_logits-s0-contiguous-second_last"])
+fp8 = nc.verify("fp8_qdq", kernels("fp8_qdq")["triton"], device="cpu",
+                case_ids=["bf16-1x4096-wide_range-s0-e4m3-row-_1",
+                          "fp32-4x390-outlier_channels-s0-e5m2-row-_1-pow2_scale"])
 import triton, triton.language as tl
 from numcheck import _triton_interp
 
@@ -32,6 +38,7 @@ def later(X):
 
 print(json.dumps({
     "passed": v.passed, "executed": v.executed,
+    "softmax": [sm.passed, sm.executed], "fp8": [fp8.passed, fp8.executed],
     "outputs": sorted({r.output for r in v.records if r.status == "passed"}),
     "skipped": sorted(r.reason for r in v.records if r.status == "skipped"),
     "env": [env_before, os.environ.get("TRITON_INTERPRET")],
@@ -56,6 +63,12 @@ def result(tmp_path_factory):
 def test_builtin_triton_rms_norm_passes_forward_and_backward(result):
     assert result["passed"] and result["executed"] == 5 and not result["skipped"]
     assert result["outputs"] == ["grad_weight", "grad_x", "out"]
+
+
+def test_builtin_online_softmax_and_fp8_row_quantizer_pass(result):
+    """The online softmax over 9 tiles of a 1025-wide row (and along the second-last dim), the
+    FP8 row quantizer bit-exact on a 4096-wide row and with power-of-two scales."""
+    assert result["softmax"] == [True, 2] and result["fp8"] == [True, 2]
 
 
 def test_the_interpreter_does_not_leak(result):

@@ -57,7 +57,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from .. import formats, inputs
+from .. import _triton_interp, formats, inputs
 from ..cases import Case, make_grid
 from ..policy import Policy
 from ..registry import Kernel, OpSpec
@@ -416,8 +416,19 @@ OPS = (
         sum_len=lambda case: case.shape[-1] + case.shape[0],
         doc="cross_entropy(logits (N, C), target (N,) int64 kwarg on the CPU), mean reduction"),
 )
+def _triton_softmax(x, dim=-1):
+    return _triton_interp.kernels_module(x.device).softmax(x, dim)
+
+
+def _triton_available(case, device):
+    return _triton_interp.available()
+
+
 KERNELS = (
     Kernel("softmax", "torch", _eager_softmax),
+    # numcheck.triton_kernels: online softmax, interpreted on the CPU (docs/triton.md)
+    Kernel("softmax", "triton", _triton_softmax, forward_only=True,
+           supports=_triton_available),
     Kernel("log_softmax", "torch", _eager_log_softmax),
     Kernel("cross_entropy", "torch", _eager_cross_entropy,
         known_failure=_torch_half_log_softmax_rounds_sum),

@@ -28,5 +28,6 @@ step suites_cuda "$py" -m pytest -p numcheck.plugin suites -q -n 8 --dist loadgr
   --numcheck-device cuda -rfEx -p no:cacheprovider --numcheck-golden-dir "$OUT/golden" \
   --numcheck-refresh --numcheck-results "$OUT/results.parquet"
 step report "$py" -m numcheck report "$OUT/results.parquet" --out "$OUT/report.md"
+step triton_interp_vs_compiled "$py" bench/triton_interp_vs_compiled.py
 step bench_cuda "$py" bench/bench_error_stats.py --device cuda
 step bench_cpu env OMP_NUM_THREADS=2 "$py" bench/bench_error_stats.py --device cpu

@@ -183,3 +183,70 @@ def softmax(x: torch.Tensor, dim: int = -1) -> torch.Tensor:
         _softmax_online[(n,)](x2, y, d, x2.stride(0), x2.stride(1), y.stride(0), TILE=tile,
                               LOG2=tile.bit_length() - 1)
     return y.reshape(xt.shape).movedim(-1, dim)
+
+
+@triton.jit
+def _pow2(n):
+    """2^n in fp32 for integer tensors n in [-126, 127], from the exponent bits (exact)."""
+    return ((n + 127) << 23).to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def _floor_log2(a):
+    """floor(log2(a)) of positive fp32 a, subnormals included (scaled by 2^64 first: exact),
+    and whether a is not a power of two."""
+    sub = ((a.to(tl.int32, bitcast=True) >> 23) & 0xFF) == 0
+    b = tl.where(sub, a * 18446744073709551616.0, a).to(tl.int32, bitcast=True)
+    return ((b >> 23) & 0xFF) - 127 - tl.where(sub, 64, 0), (b & 0x7FFFFF) != 0
+
+
+@triton.jit
+def _mx_qdq(X, Y, D, sxr, sxc, syr, EMAX: tl.constexpr, FMAX: tl.constexpr,
+            E5M2: tl.constexpr, RCEIL: tl.constexpr, BLOCK: tl.constexpr, LOG2: tl.constexpr):
+    """One program per MX block of BLOCK elements along the row (numcheck.quant.mx's spec)."""
+    pid = tl.program_id(0)
+    nb = D // BLOCK
+    row, blk = pid // nb, pid % nb
+    cols = blk * BLOCK + tl.arange(0, BLOCK)
+    x = tl.load(X + row * sxr + cols * sxc).to(tl.float32)
+    a = tl.abs(x)
+    bad = _tree_sum(tl.where((a != a) | (a == float("inf")), 1.0, 0.0), LOG2)
+    amax = _tree_max(tl.where(a != a, 0.0, a), LOG2)
+    if RCEIL:  # the fp32 quotient amax / max_elem rounded up to a power of two
+        q = amax / FMAX
+        fl, frac = _floor_log2(q)
+        e = fl + tl.where(frac, 1, 0)
+        e = tl.where(q == 0.0, -127, e)
+    else:  # OCP MX v1.0 Algorithm 1
+        fl, frac = _floor_log2(amax)
+        e = tl.where(amax == 0.0, -127, fl - EMAX)
+    e = tl.minimum(tl.maximum(e, -127), 127)  # E8M0's range
+    ne = -e
+    v = x * _pow2(ne >> 1) * _pow2(ne - (ne >> 1))  # x / 2^e, exact: two normal powers of two
+    if E5M2:
+        c = v.to(tl.float8e5).to(tl.float32)
+    else:
+        c = v.to(tl.float8e4nv).to(tl.float32)
+    y = c * _pow2(e >> 1) * _pow2(e - (e >> 1))
+    y = tl.where(bad > 0.0, float("nan"), y)  # NaN or Inf in the block: the NaN scale
+    tl.store(Y + row * syr + cols, y.to(Y.dtype.element_ty))
+
+
+def mx_qdq(x: torch.Tensor, elem: str = "e4m3", block: int = 32, scale_mode: str = "floor",
+           dim: int = -1) -> torch.Tensor:
+    """MXFP8 fake quantization (e4m3/e5m2 elements, E8M0 scales, floor or rceil) along the last
+    dim, as numcheck.quant.mx specifies it."""
+    if elem not in ("e4m3", "e5m2") or dim not in (-1, x.dim() - 1) or \
+            scale_mode not in ("floor", "rceil") or x.shape[-1] % block or block & (block - 1):
+        raise ValueError(f"triton mx_qdq: e4m3/e5m2 along the last dim in power-of-two blocks "
+                         f"dividing it (got {elem}, {scale_mode}, block={block}, dim={dim})")
+    x2 = _rows(x)
+    n, d = x2.shape
+    y = torch.empty((n, d), dtype=x.dtype, device=x.device)
+    if n and d:
+        emax, fmax = (15, 57344.0) if elem == "e5m2" else (8, 448.0)
+        _mx_qdq[(n * (d // block),)](x2, y, d, x2.stride(0), x2.stride(1), y.stride(0),
+                                     EMAX=emax, FMAX=fmax, E5M2=elem == "e5m2",
+                                     RCEIL=scale_mode == "rceil", BLOCK=block,
+                                     LOG2=block.bit_length() - 1)
+    return y.reshape(x.shape)

@@ -1,5 +1,5 @@
 """numcheck's built-in Triton kernels (numcheck/triton_kernels.py: RMSNorm forward and backward,
-online softmax, FP8 row-wise quantize) on the CPU: run in Triton's interpreter for their own
+online softmax, FP8 row-wise quantize, MXFP8 quantize) on the CPU: run in Triton's interpreter for their own
 decorators only (numcheck._triton_interp.kernels_module), they pass their ops' cases, and nothing leaks: no TRITON_INTERPRET in the environment, the knob off, a
 kernel decorated afterwards is a compiled JITFunction. In a subprocess, so that this process's
 triton state stays as it was."""
@@ -29,6 +29,9 @@ sm = nc.verify("softmax", kernels("softmax")["triton"], device="cpu",
 fp8 = nc.verify("fp8_qdq", kernels("fp8_qdq")["triton"], device="cpu",
                 case_ids=["bf16-1x4096-wide_range-s0-e4m3-row-_1",
                           "fp32-4x390-outlier_channels-s0-e5m2-row-_1-pow2_scale"])
+mx = nc.verify("mx_qdq", kernels("mx_qdq")["triton"], device="cpu",
+               case_ids=[c.id for c in nc.catalog.get_op("mx_qdq").grid("quick")
+                         if c.param("elem") in ("e4m3", "e5m2")][:4])
 import triton, triton.language as tl
 from numcheck import _triton_interp
 
@@ -39,6 +42,7 @@ def later(X):
 print(json.dumps({
     "passed": v.passed, "executed": v.executed,
     "softmax": [sm.passed, sm.executed], "fp8": [fp8.passed, fp8.executed],
+    "mx": [mx.passed, mx.executed],
     "outputs": sorted({r.output for r in v.records if r.status == "passed"}),
     "skipped": sorted(r.reason for r in v.records if r.status == "skipped"),
     "env": [env_before, os.environ.get("TRITON_INTERPRET")],
@@ -65,10 +69,11 @@ def test_builtin_triton_rms_norm_passes_forward_and_backward(result):
     assert result["outputs"] == ["grad_weight", "grad_x", "out"]
 
 
-def test_builtin_online_softmax_and_fp8_row_quantizer_pass(result):
+def test_builtin_online_softmax_and_fp8_quantizers_pass(result):
     """The online softmax over 9 tiles of a 1025-wide row (and along the second-last dim), the
-    FP8 row quantizer bit-exact on a 4096-wide row and with power-of-two scales."""
+    FP8 row quantizer bit-exact on a 4096-wide row and with power-of-two scales, MXFP8."""
     assert result["softmax"] == [True, 2] and result["fp8"] == [True, 2]
+    assert result["mx"] == [True, 4]  # MXFP8, bit-exact to numcheck.quant.mx
 
 
 def test_the_interpreter_does_not_leak(result):

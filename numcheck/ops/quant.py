@@ -507,12 +507,23 @@ def _triton_fp8_supports(case, device):
     return _triton_interp.available()
 
 
+def _triton_mx_qdq(x, elem="e4m3", block=32, scale_mode="floor"):
+    return _triton_interp.kernels_module(x.device).mx_qdq(x, elem, block, scale_mode)
+
+
+def _triton_mx_supports(case, device):
+    if case.param("elem", "e4m3") not in ("e4m3", "e5m2"):
+        return "triton mx_qdq is MXFP8: e4m3 and e5m2 elements"
+    return _triton_interp.available()
+
+
 KERNELS: tuple[Kernel, ...] = (
     Kernel("fp8_qdq", "torch", torch_fp8_qdq, forward_only=True),
     # numcheck.triton_kernels: interpreted on the CPU (docs/triton.md), compiled on CUDA
     Kernel("fp8_qdq", "triton", _triton_fp8_qdq, forward_only=True,
            supports=_triton_fp8_supports),
     Kernel("mx_qdq", "torch", torch_mx_qdq, forward_only=True, supports=_mx_elem_supported),
+    Kernel("mx_qdq", "triton", _triton_mx_qdq, forward_only=True, supports=_triton_mx_supports),
     Kernel("nvfp4_qdq", "torch", torch_nvfp4_qdq, forward_only=True),
     Kernel("int8_qdq", "torch", torch_int8_qdq, forward_only=True),
     Kernel("int4_qdq", "torch", torch_int4_qdq, forward_only=True),

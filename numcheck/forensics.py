@@ -63,9 +63,11 @@ class Fingerprint:
     """What ``fingerprint`` inferred, with the evidence of each property (``evidence[name]``).
 
     acc_bits: fraction bits the accumulator keeps (23 = fp32; None: no probe survived even
-    q = 1, or the op has no accumulation probe). promote_every: None, or the block length after which partial sums are added in a
-    wider accumulator. acc_rounding: "rne" | "rna" | "rz" | "rd" | "ru" | "unknown". order:
-    "sequential" | "pairwise" | "blocked:<k>" | "split:<s>" | "strided:<w>" | "unknown".
+    q = 1, or the op has no accumulation probe). promote_every: None, or the block length after
+    which partial sums are added in a wider accumulator. acc_rounding: "rne" | "rna" | "rz" |
+    "rd" | "ru" | "unknown". order: "sequential" | "pairwise" | "blocked:<k>" | "split:<s>" |
+    "strided:<w>" | "blocked:<k128>,<k256>,<k512>" (K-dependent blocks) |
+    "sequential:permuted" | "unknown" (docs/fingerprints.md).
     deterministic: bitwise equal over repeated runs. batch_invariant: rows independent of the
     batch they are computed in."""
 
@@ -99,8 +101,8 @@ class Fingerprint:
 
 @dataclass(frozen=True)
 class _Scales:
-    """Probe magnitudes for one input dtype: the swamping pair (big, unit) and the precision
-    probe's base X, as exponents of two, and the largest t the precision probe may use."""
+    """Probe magnitudes for one input dtype, as exponents of two: the swamping pair (big, unit),
+    the precision probe's binade b (X = 1.5 2^b) and the largest q it may use."""
 
     big: int
     unit: int
@@ -111,10 +113,10 @@ class _Scales:
 
 
 # bf16 / fp32 hold 2^100 and 2^-5 directly (B / U = 2^105). fp16 builds each value as a
-# product of two factors within +-2^15 (B = 2^30, U = 2^-10); X = 2^15 keeps X 2^-t a normal
-# fp16 output up to t = 29 and an exact subnormal up to t = 39. e4m3 (FP8 GEMMs: the kernel
-# gets e4m3 operands and returns bf16/fp16/fp32): factors within 2^-6 .. 2^8 (normal, 448 max),
-# B = 2^16, U = 2^-12, X = 2^16 with X 2^-t down to 2^-12 (t <= 28).
+# product of two factors within +-2^15 (B = 2^30, U = 2^-10); X = 1.5 2^15 keeps the precision
+# probe's 2^(15-q) a normal fp16 output up to q = 29 and an exact subnormal up to q = 39. e4m3
+# (FP8 GEMMs: the kernel gets e4m3 operands and returns bf16/fp16/fp32): factors within
+# 2^-6 .. 2^8 (normal, 448 max), B = 2^16, U = 2^-12, X = 1.5 2^16, 2^(16-q) down to 2^-12.
 _SCALES = {"bf16": _Scales(100, -5, 0, 80), "fp32": _Scales(100, -5, 0, 80),
            "fp16": _Scales(30, -10, 15, 38, True, (15, -9)),
            "e4m3": _Scales(16, -12, 16, 28, True, (8, -6))}
@@ -170,8 +172,8 @@ def _diff(a: torch.Tensor, b: torch.Tensor) -> float:
 
 class _GEMM(_Reduction):
     """matmul(a, b) / linear(x, weight): probe rows as the left operand against columns of ones
-    (fp16's factored probes: the diagonal of a P x P product, row p of the left operand with
-    column p of the right one), P = _ROWS rows per call."""
+    (factored probes, fp16 and e4m3: the diagonal of a P x P product, row p of the left operand
+    with column p of the right one), P = _ROWS rows per call."""
 
     def __init__(self, op: str) -> None:
         self.op = op

@@ -122,6 +122,12 @@ def available() -> str | None:
     return None
 
 
+def supports(case, device) -> str | None:
+    """A Kernel ``supports`` for numcheck's Triton kernels: skip every case where triton is
+    missing."""
+    return available()
+
+
 def install_if_interpreting() -> bool:
     """``install()`` where ``TRITON_INTERPRET`` asks for the interpreter (and only there: importing
     triton costs a second)."""

@@ -255,16 +255,12 @@ def _triton_rms_norm_backward(grad_out, x, weight, eps):
     return _triton_interp.kernels_module(x.device).rms_norm_backward(grad_out, x, weight, eps)
 
 
-def _triton_available(case, device):
-    return _triton_interp.available()
-
-
 KERNELS = (
     Kernel("rms_norm", "torch", _eager_rms_norm,
         known_failure=_cuda_rms_subnormal_grad),
     # numcheck.triton_kernels: interpreted on the CPU (docs/triton.md), compiled on CUDA
     Kernel("rms_norm", "triton", _triton_rms_norm, backward=_triton_rms_norm_backward,
-           supports=_triton_available),
+           supports=_triton_interp.supports),
     Kernel("layer_norm", "torch", _eager_layer_norm, supports=_cuda_ln_mixed_dtypes,
         known_failure=_torch_ln_backward_cancels),
     Kernel("adaln_modulate", "torch", _eager_adaln,

@@ -420,15 +420,11 @@ def _triton_softmax(x, dim=-1):
     return _triton_interp.kernels_module(x.device).softmax(x, dim)
 
 
-def _triton_available(case, device):
-    return _triton_interp.available()
-
-
 KERNELS = (
     Kernel("softmax", "torch", _eager_softmax),
     # numcheck.triton_kernels: online softmax, interpreted on the CPU (docs/triton.md)
     Kernel("softmax", "triton", _triton_softmax, forward_only=True,
-           supports=_triton_available),
+           supports=_triton_interp.supports),
     Kernel("log_softmax", "torch", _eager_log_softmax),
     Kernel("cross_entropy", "torch", _eager_cross_entropy,
         known_failure=_torch_half_log_softmax_rounds_sum),

@@ -7,6 +7,8 @@
 #                                 the venv sees it and pip installs no torch at all
 #
 # NUMCHECK_VENV picks the venv's folder; NUMCHECK_TORCH the torch requirement ("keep": none);
+# NUMCHECK_WHEEL a built wheel to install (not editable: what `pip install numcheck` gives)
+# instead of this checkout in editable mode;
 # NUMCHECK_EXTRAS the extras (default test,torchao,triton: torchao's quantizers and float8
 # training are checked against numcheck's references when it is installed; Triton kernels run
 # in Triton's interpreter on the CPU; "test" alone skips those).
@@ -24,5 +26,10 @@ if [ "$torch_req" != keep ]; then
   # shellcheck disable=SC2086  # word-split on purpose: the spec may carry pip options
   "${pip[@]}" $torch_req
 fi
-"${pip[@]}" -e "$here[${NUMCHECK_EXTRAS:-test,torchao,triton}]"
+extras=${NUMCHECK_EXTRAS:-test,torchao,triton}
+if [ -n "${NUMCHECK_WHEEL:-}" ]; then
+  "${pip[@]}" "$NUMCHECK_WHEEL[$extras]"
+else
+  "${pip[@]}" -e "$here[$extras]"
+fi
 "$venv/bin/python" -c "import torch, numcheck; print('numcheck', numcheck.__version__, 'torch', torch.__version__)"

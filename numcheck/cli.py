@@ -323,25 +323,19 @@ def _fingerprint(args: argparse.Namespace) -> int:
 
 # --- run / refresh ------------------------------------------------------------------------------
 
-def _suites_dir():
-    from pathlib import Path
-    here = Path(__file__).resolve().parent.parent / "suites"
-    if not here.is_dir():
-        raise UsageError(f"built-in suites not found at {here}: numcheck run needs a source "
-                         f"checkout (pip install -e <repo>)")
-    return here
+_INI_FILES = (("pytest.ini", ""), (".pytest.ini", ""), ("pyproject.toml", "[tool.pytest.ini_options]"),
+              ("tox.ini", "[pytest]"), ("setup.cfg", "[tool:pytest]"))
 
 
-def _suite_files(names: list[str] | None) -> list[str]:
-    root = _suites_dir()
-    known = {p.stem[5:]: p for p in sorted(root.glob("test_*.py"))}
-    if not names:
-        return [str(p) for p in known.values()]
-    bad = [n for n in names if n not in known]
-    if bad:
-        raise UsageError(f"--suite {', '.join(bad)}: unknown; built-in suites: "
-                         f"{', '.join(known)}")
-    return [str(known[n]) for n in names]
+def _user_ini(start):
+    """The pytest configuration file of the project around ``start`` (searched upwards as
+    pytest does), or None: an installed numcheck's suites read the user's ini keys from it."""
+    for folder in (start, *start.parents):
+        for name, section in _INI_FILES:
+            f = folder / name
+            if f.is_file() and (not section or section in f.read_text(errors="replace")):
+                return f
+    return None
 
 
 _SELECT = (
@@ -352,22 +346,40 @@ _SELECT = (
     _arg("-n", dest="workers", default="2", help="pytest-xdist workers (0: in process)"),
     _arg("--cases", default="quick", choices=CASE_SETS),
     _arg("--device", default=None, help="cpu or cuda (default: cuda when present)"),
-    _arg("--golden-dir", default=None, help="golden folder (default: golden/ of the checkout)"),
+    _arg("--golden-dir", default=None,
+         help="golden folder (default: numcheck_golden_dir of your pytest ini, else golden/; "
+              "an installed numcheck reads its shipped goldens beneath it)"),
 )
 
 
 def _pytest(args: argparse.Namespace, extra: list[str], replaces=None) -> int:
     """Run the built-in suites under pytest with the numcheck options; pytest's exit code.
     ``replaces``: a results file this run rewrites, removed once the arguments are valid, so
-    that a run which writes none never leaves an older one to be reported."""
+    that a run which writes none never leaves an older one to be reported.
+
+    From a checkout, pytest runs in it (its pyproject settings, its golden/). From an installed
+    package it runs in the current folder: the rootdir and ini file are the user's project (its
+    numcheck_* keys apply; default goldens golden/ there), the shipped goldens lie beneath."""
     import importlib.util
     import os
+    import shlex
     import subprocess
     from pathlib import Path
 
+    from . import builtin
+
     # -p numcheck._process: glibc thresholds for numcheck's float64 temporaries (its docstring)
-    cmd = [sys.executable, "-m", "pytest", *_suite_files(args.suite), "-q", "-p", "no:cacheprovider",
-           "-p", "numcheck._process", f"--numcheck-cases={args.cases}", *extra]
+    cmd = [sys.executable, "-m", "pytest", *map(str, builtin.suite_files(args.suite)), "-q",
+           "-p", "no:cacheprovider", "-p", "numcheck._process",
+           f"--numcheck-cases={args.cases}", *extra]
+    if builtin.is_checkout():
+        cwd = builtin.suites_dir().parent
+    else:
+        cwd = Path.cwd()
+        ini = _user_ini(cwd)
+        # -c: never an ini file found above site-packages; the suites' own settings by -o
+        cmd += ["--rootdir", str(ini.parent if ini else cwd), "-c", str(ini or os.devnull),
+                "-o", "xfail_strict=true", "-ra"]
     if args.keyword:
         cmd += ["-k", args.keyword]
     if args.device:
@@ -381,8 +393,8 @@ def _pytest(args: argparse.Namespace, extra: list[str], replaces=None) -> int:
         cmd += ["-n", str(args.workers), "--dist", "loadgroup"]
     if replaces is not None:
         Path(replaces).unlink(missing_ok=True)
-    print("+ " + " ".join(cmd), flush=True)
-    return subprocess.call(cmd, cwd=_suites_dir().parent, env=dict(os.environ))
+    print("+ " + shlex.join(cmd), flush=True)
+    return subprocess.call(cmd, cwd=cwd, env=dict(os.environ))
 
 
 def _exit_of(pytest_rc: int) -> int:
@@ -396,6 +408,9 @@ def _exit_of(pytest_rc: int) -> int:
                    help="a case without golden fails (CI); no golden is written"),
               _arg("--results", default="results/numcheck-results.parquet",
                    help="results parquet (default: %(default)s)"),
+              _arg("--shard", default=None, metavar="I/N",
+                   help="run every N-th case starting at the I-th (CI matrices); join the "
+                        "shards' results with numcheck merge"),
               _arg("--report", default=None,
                    help="markdown report (default: beside the results, report.md)")))
 def _run(args: argparse.Namespace) -> int:
@@ -408,25 +423,31 @@ def _run(args: argparse.Namespace) -> int:
     results = Path(args.results).resolve()
     report = Path(args.report).resolve() if args.report else results.with_name("report.md")
     extra = [f"--numcheck-results={results}"] + (["--numcheck-strict"] if args.strict else [])
+    if args.shard:
+        from .shards import parse
+        parse(args.shard)  # a usage error before pytest starts
+        extra.append(f"--numcheck-shard={args.shard}")
     rc = _exit_of(_pytest(args, extra, replaces=results))
     if results.exists():
         from .verdict import sections
         tables = sections(_write_report(results, report))
         if tables:
             print(tables)
-        print(f"results: {results}\nreport:  {report}")
+        print(f"results: {results}\nreport:  {report} (and {report.with_suffix('.html')})")
     return rc
 
 
 def _write_report(results, report):
-    """The markdown report of a results file (and its plots) at ``report``; returns the
-    records."""
+    """The markdown report of a results file (and its plots) at ``report``, and the
+    self-contained HTML report beside it (``.html``); returns the records."""
     from .golden import read_results
     from .report import markdown_report
+    from .report_html import html_report
 
     records, prov = read_results(results)
     report.parent.mkdir(parents=True, exist_ok=True)
     report.write_text(markdown_report(records, prov, plot_path=report))
+    report.with_suffix(".html").write_text(html_report(records, prov))
     return records
 
 
@@ -484,20 +505,94 @@ def _show(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-@_command("report", help="markdown report of a results file (for a PR comment)",
-          arguments=(_arg("results"), _arg("--out", default=None, help="write here, not stdout")))
+@_command("report", help="markdown report of a results file (for a PR comment), or HTML",
+          arguments=(_arg("results"), _arg("--out", default=None, help="write here, not stdout "
+                                                 "(and the HTML report beside it)"),
+                     _arg("--html", default=None, metavar="FILE",
+                          help="write only the self-contained HTML report to FILE")))
 def _report(args: argparse.Namespace) -> int:
     """Markdown for a pull-request comment: summary, failures and regressions with repro
-    commands, worst cases per op (with --out: the convergence plots beside it)."""
+    commands, worst cases per op (with --out: the convergence plots and the HTML report beside
+    it). --html: one self-contained HTML file to open in a browser (docs/report.md)."""
     from pathlib import Path
 
     from .report import markdown_report
 
-    if args.out:
+    if args.html:
+        from .golden import read_results
+        from .report_html import html_report
+        out = Path(args.html)
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(html_report(*read_results(args.results)))
+        print(f"wrote {out.resolve()}")
+    elif args.out:
         _write_report(args.results, Path(args.out))
     else:
         from .golden import read_results
         print(markdown_report(*read_results(args.results)), end="")
+    return EXIT_OK
+
+
+# --- init ---------------------------------------------------------------------------------------
+
+@_command("init", help="set numcheck up in a repository: pytest ini keys, CI workflow, "
+                       ".gitattributes textconv line, a first test",
+          arguments=(_arg("--root", default=".", help="the repository's root (default: .)"),
+                     _arg("--force", action="store_true",
+                          help="overwrite numcheck's own files (workflow, example test) where "
+                               "they differ; shared files only ever get lines added")))
+def _init(args: argparse.Namespace) -> int:
+    """Write the pytest ini keys, .github/workflows/numcheck.yml (a CPU job and a GPU job on a
+    self-hosted runner), the .gitattributes textconv line (and set the driver in this clone)
+    and a first test. A rerun changes nothing; a file that differs is kept unless --force.
+    Exit 2 when the root is not a folder or a configuration file cannot be parsed."""
+    from .scaffold import init_project, render
+    print(render(init_project(args.root, force=args.force)))
+    return EXIT_OK
+
+
+# --- merge --------------------------------------------------------------------------------------
+
+@_command("merge", help="join the results files of a sharded run (numcheck run --shard I/N)",
+          arguments=(_arg("files", nargs="+", help="every shard's results parquet"),
+                     _arg("--results", default="results/numcheck-results.parquet",
+                          help="merged results parquet (default: %(default)s)"),
+                     _arg("--report", default=None,
+                          help="markdown report (default: beside the results, report.md)")))
+def _merge(args: argparse.Namespace) -> int:
+    """Join the shards' results into one results file and report, as one unsharded run would
+    have written them, and judge the whole run: exit 1 on a failing record or an op that
+    executed no case in any shard (DESIGN rule 11), 2 when a shard is missing, repeated or of
+    another run."""
+    from pathlib import Path
+
+    from .golden import write_results
+    from .shards import merge, summary
+
+    records, prov = merge(args.files)
+    results = Path(args.results).resolve()
+    write_results(results, records, prov)
+    report = Path(args.report).resolve() if args.report else results.with_name("report.md")
+    _write_report(results, report)
+    lines, failed = summary(records, prov.get("golden_mode", "check"))
+    print("\n".join([f"merged {prov['merged_shards']} shards ({len(args.files)} files)", *lines,
+                     f"results: {results}", f"report:  {report}"]))
+    return EXIT_FAILED if failed else EXIT_OK
+
+
+# --- explain ------------------------------------------------------------------------------------
+
+@_command("explain", help="what a known weakness id means (ids appear in summaries and reasons)",
+          arguments=(_arg("id", nargs="?", default=None,
+                          help="a known weakness id; without one, the list of ids"),))
+def _explain(args: argparse.Namespace) -> int:
+    """Print a known weakness: what happens, why, which side is right, where it was
+    measured. The ids are those a run's summary lists under "known"."""
+    from .findings import FINDINGS, explain
+
+    if args.id is not None and args.id not in FINDINGS:
+        raise UsageError(f"{args.id!r}: no such known weakness; known ids:\n{explain()}")
+    print(explain(args.id))
     return EXIT_OK
 
 

@@ -12,16 +12,19 @@
 """
 from __future__ import annotations
 
+import logging
 from collections import Counter, defaultdict
 from pathlib import Path
 
 import pytest
 
 from .cases import CASE_SETS
+from .findings import cite
 from .records import Golden, Record, Status, from_json
 
 _KEY = pytest.StashKey["_Run"]()
-# pytest_runtest_logreport receives no config: the plugin keeps the session's config here.
+# pytest_runtest_logreport receives no config: the plugin keeps the session's config here, a
+# stack (an in-process pytester session runs inside another and must hand it back).
 _CONFIG: list[pytest.Config] = []
 
 
@@ -38,6 +41,8 @@ class _Run:
         self.idle: list[str] = []
         self.finish_lines: list[str] = []
         self.golden_error: str = ""
+        self.progress = None  # numcheck.progress.Progress on a terminal, else None
+        self.progress_shown = 0.0  # when the last progress line was written
 
     def add(self, records: list[Record], duration: float) -> None:
         self.records.extend(records)
@@ -77,6 +82,8 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     _opt(g, parser, "prune", "remove golden rows that belong to no case of the run's case set",
          "bool", action="store_true", default=None)
     _opt(g, parser, "results", "write every record of the run to this parquet file", default=None)
+    _opt(g, parser, "shard", "run only shard I/N of the collected items (CI matrices; "
+         "numcheck merge joins the shards' results files)", default=None)
     _opt(g, parser, "slow", "also run tests marked slow (long sweeps, big tensors)", "bool",
          action="store_true", default=None)
 
@@ -107,26 +114,84 @@ def golden_mode(config: pytest.Config) -> str:
             "refresh_new_only": "refresh-new"}.get(flags[0] if flags else "", "check")
 
 
-def _session(config: pytest.Config):
-    from .session import GoldenSession
+def golden_path(config: pytest.Config) -> Path:
+    """The run's golden folder: the option or ini key, relative to the rootdir; never inside
+    the installed package (its shipped goldens are read beneath this folder, not written)."""
+    from . import builtin
 
-    gdir = _get(config, "golden_dir") or "golden"
-    path = Path(gdir)
+    path = Path(_get(config, "golden_dir") or "golden")
     if not path.is_absolute():
         path = Path(config.rootpath) / path
-    return GoldenSession(path, golden_mode(config),
+    shipped = builtin.golden_dir()
+    if shipped is not None and not builtin.is_checkout() and \
+            path.resolve().is_relative_to(shipped.resolve().parent.parent):
+        raise pytest.UsageError(f"--numcheck-golden-dir {path}: inside the installed numcheck "
+                                f"package; give a folder of your repository (default: golden/ "
+                                f"under the rootdir)")
+    return path
+
+
+def shard(config: pytest.Config) -> tuple[int, int] | None:
+    """The run's shard (I, N), or None for a whole run."""
+    from . import shards
+    from .errors import UsageError
+
+    text = _get(config, "shard")
+    if not text:
+        return None
+    try:
+        got = shards.parse(text)
+    except UsageError as e:
+        raise pytest.UsageError(str(e)) from None
+    if golden_mode(config).startswith("refresh") or _get(config, "prune"):
+        raise pytest.UsageError("--numcheck-shard with --numcheck-refresh/-new-only/--prune: a "
+                                "shard would write only its share of each golden file; refresh "
+                                "unsharded")
+    return got
+
+
+def _selected_part(config: pytest.Config) -> bool:
+    """Does the run select part of the case set (-k, -m, a shard)? Golden rows that no case
+    of it ran are then not "unused", and --numcheck-prune would delete live rows."""
+    part = bool(config.option.keyword or config.option.markexpr) or shard(config) is not None
+    if part and _get(config, "prune"):
+        raise pytest.UsageError("--numcheck-prune with -k, -m or a shard would delete the golden "
+                                "rows of every case the selection left out: prune with the "
+                                "whole case set")
+    return part
+
+
+def _session(config: pytest.Config):
+    from . import builtin
+    from .session import GoldenSession
+
+    # the built-in suites of an installed package: their shipped goldens lie beneath the user's
+    base = builtin.golden_dir() if not builtin.is_checkout() and \
+        builtin.runs_builtin_suites([str(a) for a in config.args]) else None
+    return GoldenSession(golden_path(config), golden_mode(config),
                          allow_nonfinite=bool(_get(config, "refresh_allow_nonfinite")),
-                         prune=bool(_get(config, "prune")), case_set=case_set(config))
+                         prune=bool(_get(config, "prune")), case_set=case_set(config),
+                         base_dir=base, partial=_selected_part(config))
 
 
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "cuda: needs a CUDA device; skipped with the reason without one")
     config.addinivalue_line("markers", "slow: long-running; run with --numcheck-slow")
+    # Library noise in every numcheck run's warnings summary, none of it the user's: torch's
+    # own deprecated internals, and numpy's overflow warnings inside Triton's CPU interpreter
+    # (a compiled kernel overflows to inf silently; the verdict judges the inf)
+    config.addinivalue_line("filterwarnings",
+                            "ignore:`torch.jit.script_method` is deprecated:DeprecationWarning")
+    config.addinivalue_line("filterwarnings", "ignore::RuntimeWarning:triton.runtime.interpreter")
     golden_mode(config)  # option conflicts are usage errors before anything runs
+    golden_path(config)
+    _selected_part(config)
     from . import _triton_interp
     _triton_interp.install_if_interpreting()  # users' Triton kernels in the CPU interpreter
+    _pin_worker_gpu(config)
     config.stash[_KEY] = _Run()
-    _CONFIG[:] = [config]
+    _start_progress(config)
+    _CONFIG.append(config)
     from hypothesis import settings
 
     from .inputs import register_profiles
@@ -134,8 +199,60 @@ def pytest_configure(config: pytest.Config) -> None:
     settings.load_profile(case_set(config))
 
 
+def worker_gpu(worker_id: str, count: int) -> int | None:
+    """The GPU of xdist worker ``gwK`` on a machine with ``count`` GPUs: K mod count (workers
+    beyond the count share round-robin); None with fewer than two GPUs."""
+    if count < 2 or not worker_id.startswith("gw") or not worker_id[2:].isdigit():
+        return None
+    return int(worker_id[2:]) % count
+
+
+def _pin_worker_gpu(config: pytest.Config) -> None:
+    """Under pytest-xdist on a machine with several GPUs, one device per worker: the worker's
+    current CUDA device, which "cuda" (the default device and --numcheck-device=cuda) means.
+    An explicit --numcheck-device=cuda:N is left as given."""
+    wid = getattr(config, "workerinput", {}).get("workerid", "")
+    if not wid or ":" in (_get(config, "device") or ""):
+        return
+    import torch
+    if not torch.cuda.is_available():
+        return
+    idx = worker_gpu(wid, torch.cuda.device_count())
+    if idx is not None:
+        torch.cuda.set_device(idx)
+
+
+class _QuietTorch(logging.Filter):
+    """Keeps torch's own records below WARNING out of a failure's captured log: torch.__trace
+    alone logs ~2000 empty DEBUG lines for one compiled kernel (its structured-trace payloads
+    are for tlparse). ``-v`` keeps them."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return record.levelno >= logging.WARNING or \
+            not (record.name == "torch" or record.name.startswith("torch."))
+
+
+def pytest_sessionstart(session: pytest.Session) -> None:
+    config = session.config
+    handler = getattr(config.pluginmanager.get_plugin("logging-plugin"), "report_handler", None)
+    if handler is not None and config.get_verbosity() <= 0:
+        handler.addFilter(_QuietTorch())
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    if config in _CONFIG:
+        _CONFIG.remove(config)
+
+
+@pytest.hookimpl(trylast=True)  # the shard's share of what -k and -m left
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     import torch
+
+    part = shard(config)
+    if part is not None:
+        from . import shards
+        items[:], dropped = shards.select(items, part)
+        config.hook.pytest_deselected(items=dropped)
 
     no_cuda = None if torch.cuda.is_available() else pytest.mark.skip(
         reason="needs a CUDA device: torch.cuda.is_available() is False on this machine")
@@ -179,12 +296,63 @@ def numcheck(request: pytest.FixtureRequest, record_property, _numcheck_golden_s
     module = Path(str(request.node.fspath)).stem
     suite = module[5:] if module.startswith("test_") else module
     return SuiteContext(suite_device(request.config), case_set(request.config),
-                        _numcheck_golden_session, record_property, suite, _numcheck_case_memo)
+                        _numcheck_golden_session, record_property, suite, _numcheck_case_memo,
+                        verbose=request.config.get_verbosity() > 0)
+
+
+# Seconds between progress lines: often enough to see a run move, rarely enough not to bury the
+# test output between them.
+_PROGRESS_EVERY = 10.0
+
+
+def _start_progress(config: pytest.Config) -> None:
+    """Progress lines on a terminal (NUMCHECK_PROGRESS=1 forces them, =0 turns them off);
+    never in an xdist worker, never into a file or pipe."""
+    import os
+    import sys
+
+    from .progress import Progress
+
+    want = os.environ.get("NUMCHECK_PROGRESS", "")
+    if hasattr(config, "workerinput") or want == "0" or (want != "1" and not sys.stdout.isatty()):
+        return
+    workers = getattr(config.option, "numprocesses", None)
+    run = config.stash[_KEY]
+    run.progress = Progress(workers=workers if isinstance(workers, int) else 1)
+    run.progress_shown = run.progress.started
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    prog = session.config.stash[_KEY].progress
+    if prog is not None:
+        prog.collected([item.nodeid for item in session.items])
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_node_collection_finished(node, ids: list[str]) -> None:
+    if _CONFIG and _CONFIG[-1].stash[_KEY].progress is not None:
+        _CONFIG[-1].stash[_KEY].progress.collected(list(ids))
+
+
+def _show_progress(config: pytest.Config, report: pytest.TestReport) -> None:
+    import time
+
+    run = config.stash[_KEY]
+    run.progress.finished(report.nodeid, report.duration)
+    now = time.monotonic()
+    if now - run.progress_shown >= _PROGRESS_EVERY:
+        run.progress_shown = now
+        tr = config.pluginmanager.get_plugin("terminalreporter")
+        if tr is not None:
+            tw = getattr(tr, "_tw", None)  # under xdist the dots leave the line open
+            if tw is not None and tw.width_of_current_line:
+                tr.write("\n")
+            tr.write_line(run.progress.line())
 
 
 @pytest.hookimpl(tryfirst=True)
 def pytest_runtest_logreport(report: pytest.TestReport) -> None:
-    if _CONFIG and hasattr(_CONFIG[0], "workerinput"):
+    if _CONFIG and hasattr(_CONFIG[-1], "workerinput"):
         return  # an xdist worker: the report, records included, goes to the controller as is
     # Full records ride on the report to this process; take them off before JUnit XML sees them.
     full = [v for n, v in report.user_properties if n == "numcheck_records"]
@@ -193,8 +361,10 @@ def pytest_runtest_logreport(report: pytest.TestReport) -> None:
                                   if n != "numcheck_records"]
     if report.when != "call" and not (report.when == "setup" and report.skipped):
         return
+    if _CONFIG and _CONFIG[-1].stash[_KEY].progress is not None:
+        _show_progress(_CONFIG[-1], report)
     if full and _CONFIG:
-        _CONFIG[0].stash[_KEY].add(from_json(full[-1]), report.duration)
+        _CONFIG[-1].stash[_KEY].add(from_json(full[-1]), report.duration)
 
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
@@ -207,7 +377,8 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
 
     run.idle = [op for op, c in run.by_op.items()
                 if not sum(n for st, n in c.items() if st != Status.SKIPPED)]
-    failed = bool(run.idle)
+    # a shard's ops may have run elsewhere: rule 11 is numcheck merge's (numcheck.shards)
+    failed = bool(run.idle) and shard(config) is None
     prov = environment.provenance(suite_device(config))
     try:
         if run.records:
@@ -221,7 +392,10 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     results = _get(config, "results")
     if results:
         from .golden import write_results
-        write_results(results, run.records, {**prov, "golden_mode": golden_mode(config)})
+        part = shard(config)
+        write_results(results, run.records, {**prov, "golden_mode": golden_mode(config),
+                                             "case_set": case_set(config),
+                                             **({"shard": "%d/%d" % part} if part else {})})
         run.finish_lines.append(f"results: {results} ({len(run.records)} records)")
     if run.golden_error:
         session.exitstatus = pytest.ExitCode.USAGE_ERROR
@@ -241,8 +415,8 @@ def pytest_terminal_summary(terminalreporter, exitstatus: int, config: pytest.Co
     s, g = run.status, run.golden
     tr.write_line(f"case set {case_set(config)}, goldens {golden_mode(config)}: "
                   f"{sum(s.values())} records, {s['passed']} passed, {s['failed']} failed, "
-                  f"{s['error']} kernel errors, {s['known']} known weaknesses "
-                  f"(docs/findings.md), {s['skipped']} skipped")
+                  f"{s['error']} kernel errors, {s['known']} known weaknesses, "
+                  f"{s['skipped']} skipped")
     if g:
         tr.write_line("golden: " + ", ".join(f"{g[k]} {k}" for k in
                                              ("same", "regressed", "drift", "improved", "new",
@@ -251,6 +425,9 @@ def pytest_terminal_summary(terminalreporter, exitstatus: int, config: pytest.Co
         c = run.by_op[op]
         tr.write_line(f"  {op:16} {c['passed']:5} passed {c['failed'] + c['error']:4} failed "
                       f"{c['skipped']:5} skipped  {run.seconds[op]:7.1f} s")
+    known = Counter(r.known for r in run.records if r.status == Status.KNOWN)
+    for k, n in known.most_common():
+        tr.write_line(f"  known   {n:5}: {cite(k)}")
     for reason, n in run.skip_reasons.most_common(8):
         tr.write_line(f"  skipped {n:5}: {reason}")
     for r in run.records:
@@ -266,8 +443,13 @@ def pytest_terminal_summary(terminalreporter, exitstatus: int, config: pytest.Co
                       f"(numcheck report)")
     for line in run.finish_lines:
         tr.write_line(f"  {line}")
+    part = shard(config)
     for op in run.idle:
-        tr.write_line(f"  FAILED: op {op} executed no case (every case skipped) - DESIGN rule 11",
-                      red=True)
+        if part:
+            tr.write_line(f"  op {op} executed no case in shard {part[0]}/{part[1]}: numcheck "
+                          f"merge checks it over all shards (DESIGN rule 11)")
+        else:
+            tr.write_line(f"  FAILED: op {op} executed no case (every case skipped) - DESIGN "
+                          f"rule 11", red=True)
     if run.golden_error:
         tr.write_line(f"  ERROR (exit 2): {run.golden_error}", red=True)

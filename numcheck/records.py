@@ -139,6 +139,10 @@ class Record:
     device: str = ""
     repro: str = ""
     worst_elements: str = ""
+    # Records that fail a rule (numcheck.run): elements per |out - rounded ref| in ULPs of
+    # kernel_stats.fmt over the compared elements (sum = kernel_stats.n_compared); bucket 0:
+    # exact, bucket k: [2^(k-1), 2^k) ULP. None: not measured. A JSON string in results parquet.
+    ulp_hist: list[int] | None = None
     numerics: str = ""
     saved_inputs: str = ""
     traceback: str = ""
@@ -195,7 +199,7 @@ class Record:
                 v = Golden(v)
             elif f.name == "findings":
                 v = tuple(v)
-            elif f.name == "metrics" and isinstance(v, str):
+            elif f.name in ("metrics", "ulp_hist") and isinstance(v, str):
                 v = json.loads(v)
             kw[f.name] = v
         return cls(**kw)

@@ -85,6 +85,19 @@ def _cell(x) -> str:
     return str(x).replace("|", "\\|")
 
 
+def worst_cases(records: list[Record], per_op: int) -> dict[str, list[tuple[float, Record]]]:
+    """Per op (sorted), its ``per_op`` records with the largest kernel error over the
+    baseline's (rel_l2 ratio), worst first: the reports' "worst cases per op"."""
+    by_op: dict[str, list] = {}
+    for r in records:
+        k, b = r.kernel_stats, r.baseline_stats
+        if k is None or b is None or not b.rel_l2 or not math.isfinite(k.rel_l2) or \
+                not math.isfinite(b.rel_l2):
+            continue
+        by_op.setdefault(r.op, []).append((k.rel_l2 / b.rel_l2, r))
+    return {op: sorted(by_op[op], key=lambda t: -t[0])[:per_op] for op in sorted(by_op)}
+
+
 def markdown_report(records: list[Record], provenance: dict, *, worst_per_op: int = 3,
                     plot_path=None) -> str:
     """The PR-comment report of a results file: summary, failures and regressions with their
@@ -126,15 +139,8 @@ def markdown_report(records: list[Record], provenance: dict, *, worst_per_op: in
             "naive baseline, the absolute gate is 2x + floor)", "",
             "| op | kernel | case | output | SQNR dB | baseline dB | worst block dB | ratio |",
             "|---|---|---|---|---:|---:|---:|---:|"]
-    by_op: dict[str, list] = {}
-    for r in records:
-        k, b = r.kernel_stats, r.baseline_stats
-        if k is None or b is None or not b.rel_l2 or not math.isfinite(k.rel_l2) or \
-                not math.isfinite(b.rel_l2):
-            continue
-        by_op.setdefault(r.op, []).append((k.rel_l2 / b.rel_l2, r))
-    for op in sorted(by_op):
-        for ratio, r in sorted(by_op[op], key=lambda t: -t[0])[:worst_per_op]:
+    for op, worst in worst_cases(records, worst_per_op).items():
+        for ratio, r in worst:
             k, b = r.kernel_stats, r.baseline_stats
             out.append(f"| {op} | {r.kernel} | `{r.case_id}` | {r.output} | "
                        f"{_cell(k.sqnr_db)} | {_cell(b.sqnr_db)} | "

@@ -27,6 +27,7 @@ from .cases import Case, check_case_set
 from .catalog import as_kernel, get_op, kernels
 from .compiled import isolate_inductor_cache
 from .errors import UsageError
+from .findings import cite
 from .records import Golden, Record, Status, failing
 from .registry import Kernel, OpSpec
 from .stats import error_stats
@@ -139,6 +140,18 @@ def _worst_elements(out: torch.Tensor, ref: torch.Tensor, scale: torch.Tensor | 
         parts.append(f"{list(pos)}: out={o.flatten()[i].item():.6g} ref={r.flatten()[i].item():.6g}"
                      f" err={err.flatten()[i].item():.3g}")
     return "; ".join(parts)
+
+
+def ulp_histogram(out: torch.Tensor, ref: torch.Tensor, fmt: str) -> list[int]:
+    """Elements per |error| in ULPs of fmt (Record.ulp_hist): bucket 0 exact, bucket k
+    [2^(k-1), 2^k), over the elements where out and the rounded reference are both finite (the
+    ones ErrorStats compares)."""
+    o = out.detach().to("cpu", torch.float64)
+    r = formats.round_to(ref.detach().to("cpu", torch.float64), fmt, saturate=False)
+    both = torch.isfinite(o) & torch.isfinite(r)
+    ulps = formats.ulp_distance(o[both], r[both], fmt)
+    edges = torch.tensor([1 << k for k in range(63)])  # integer edges: exact at any distance
+    return torch.bincount(torch.bucketize(ulps, edges, right=True), minlength=1).tolist()
 
 
 def _bound_ratio(out: torch.Tensor, ref: torch.Tensor, scale: torch.Tensor, fmt: str) -> float:
@@ -489,6 +502,7 @@ def _measure(spec: OpSpec, kern: Kernel, case: Case, device: str, o: _Output,
             verdict.judge(rec, spec.policy)
     if rec.status != Status.PASSED:
         rec.worst_elements = _worst_elements(out, ref, o.scale)
+        rec.ulp_hist = ulp_histogram(out, ref, ks.fmt)
     return rec
 
 
@@ -533,7 +547,7 @@ def run_case(spec: OpSpec, kern: Kernel, case: Case, device: str, *,
             known = environment.known_failure(e.reason)
             if known:  # the torch build or the machine, not the kernel: docs/findings.md
                 return [base.replace(status=Status.KNOWN, known=known, traceback=e.tb,
-                                     reason=f"known environment failure ({known}): {e.reason}")]
+                                     reason=f"known environment failure {cite(known)}: {e.reason}")]
             return [base.replace(status=Status.ERROR, reason=e.reason, traceback=e.tb)]
     for o in outputs:
         try:

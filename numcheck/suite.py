@@ -52,17 +52,45 @@ def slim(record: Record) -> dict:
     return out
 
 
-def format_failures(records: list[Record]) -> str:
-    lines = []
+# Failing cases shown in full by default; pytest -v shows every one (DESIGN "Failure
+# diagnostics": a failure reads as a few lines, not a log)
+_CASES_SHOWN = 5
+
+
+def format_failures(records: list[Record], *, all_cases: bool = False) -> str:
+    """A failure's text: per failing case its label, one line per failing output (the rule
+    and the golden verdict), then the worst output's worst elements, the numerics state and
+    the repro command, which the outputs of a case share. The first ``_CASES_SHOWN`` cases
+    in full unless ``all_cases``, one line each for the rest."""
+    by_case: dict[tuple, list[Record]] = {}
     for r in records:
-        why = r.reason if r.status in (Status.FAILED, Status.ERROR, Status.KNOWN) else ""
-        if r.golden_reason and r.golden not in (None, Golden.SAME, Golden.NEW):
-            why = (why + " | " if why else "") + f"golden {r.golden}: {r.golden_reason}"
-        lines.append(f"{r.label}: {why}")
-        for key in ("worst_elements", "numerics", "saved_inputs", "repro"):
-            if getattr(r, key):
-                lines.append(f"  {key}: {getattr(r, key)}")
+        by_case.setdefault((r.op, r.kernel, r.case_id), []).append(r)
+    lines = []
+    for n, (key, recs) in enumerate(by_case.items()):
+        why = [_why(r) for r in recs]
+        if n >= _CASES_SHOWN and not all_cases:
+            lines.append(f"{'/'.join(map(str, key))}: {len(recs)} failing output(s)")
+            continue
+        lines.append(f"{'/'.join(map(str, key))}:")
+        lines += [f"  {r.output}: {w}" for r, w in zip(recs, why)]
+        worst = recs[0]
+        for key_ in ("worst_elements", "numerics", "saved_inputs", "repro"):
+            if getattr(worst, key_):
+                lines.append(f"  {key_}: {getattr(worst, key_)}")
+    if len(by_case) > _CASES_SHOWN and not all_cases:
+        lines.append(f"{len(by_case)} failing cases, the first {_CASES_SHOWN} in full "
+                     f"(pytest -v: all of them)")
     return "\n".join(lines)
+
+
+def _why(r: Record) -> str:
+    why = r.reason if r.status in (Status.FAILED, Status.ERROR, Status.KNOWN) else ""
+    prefix = f"{r.output}: "
+    why = why.replace(" | " + prefix, " | ")  # the rule's texts repeat the output's name
+    why = why[len(prefix):] if why.startswith(prefix) else why
+    if r.golden_reason and r.golden not in (None, Golden.SAME, Golden.NEW):
+        why = (why + " | " if why else "") + f"golden {r.golden}: {r.golden_reason}"
+    return why
 
 
 class SuiteContext:
@@ -76,13 +104,15 @@ class SuiteContext:
     """
 
     def __init__(self, device: str, case_set: str, session, record_property,
-                 suite: str | None, memo: CaseMemo | None = None) -> None:
+                 suite: str | None, memo: CaseMemo | None = None,
+                 verbose: bool = False) -> None:
         self.device = device
         self.case_set = case_set
         self.session = session
         self._record_property = record_property
         self.suite = suite
         self.memo = memo  # the last case's shared work (numcheck.run.CaseMemo), or None
+        self.verbose = verbose  # pytest -v: every failing case in full
 
     @property
     def mode(self) -> str:
@@ -124,10 +154,10 @@ class SuiteContext:
         if all(r.status == Status.SKIPPED for r in records):
             pytest.skip(records[0].reason)
         if bad:
-            pytest.fail(format_failures(bad), pytrace=False)
+            pytest.fail(format_failures(bad, all_cases=self.verbose), pytrace=False)
         known = [r for r in records if r.status == Status.KNOWN]
         if known:
-            pytest.xfail(format_failures(known))
+            pytest.xfail(format_failures(known, all_cases=self.verbose))
         return records
 
     def fingerprint(self, op: str, fn, *, dtype: str = "bf16", kernel_name: str | None = None):
@@ -151,5 +181,6 @@ class SuiteContext:
         v.mode = self.mode
         bad = self.judge(v.records)
         if fail and (bad or v.executed == 0):
-            pytest.fail(format_failures(bad) or v.summary(), pytrace=False)
+            pytest.fail(format_failures(bad, all_cases=self.verbose) or v.summary(),
+                        pytrace=False)
         return v

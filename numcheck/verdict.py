@@ -18,6 +18,7 @@ import functools
 import importlib
 from typing import TYPE_CHECKING, Callable, Protocol
 
+from .findings import cite
 from .records import Record, Status
 
 if TYPE_CHECKING:
@@ -66,7 +67,7 @@ def judge(record: Record, policy: Policy | None = None) -> Record:
         record.status, record.known = Status.PASSED, ""  # a weakness that did not show
     elif record.known:
         record.status = Status.KNOWN
-        record.reason = f"known weakness ({record.known}): {record.reason}"
+        record.reason = f"known weakness {cite(record.known)}: {record.reason}"
     else:
         record.status = Status.FAILED
     return record

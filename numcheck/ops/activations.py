@@ -233,7 +233,7 @@ def _torch_gelu_vectorized_erf(case: Case, device: str, output: str) -> str | No
     energy sits at x < -1 (sparse inputs) fail the baseline rule's k = 2."""
     if (torch.device(device).type == "cpu" and case.dtype == "fp32" and output == "out"
             and case.param("approximate", "none") == "none"):
-        return "torch CPU fp32 gelu: vectorized erf, 2-7x the naive composition's error"
+        return "torch-cpu-gelu-vectorized-erf"
     return None
 
 

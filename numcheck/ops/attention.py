@@ -533,8 +533,7 @@ def _cpu_flash_lse_backward(case: Case, device: str, output: str) -> str | None:
     sc = float(sc) if sc is not None else 1.0 / math.sqrt(case.shape[-1])
     if (torch.device(device).type == "cpu" and case.dtype == "fp32" and not _pow2(sc)
             and case.dist == "large_logits" and output.startswith("grad_")):
-        return ("CPU flash backward: logits recomputed with the scale folded into the GEMM do "
-                "not match the forward's logsumexp (non-power-of-two scale, logits ~100)")
+        return "torch-cpu-flash-backward-scale"
     # Finding (issue 12, full set: bf16-1x16x2x65x129x128-normal-s1-causal grad_q, worst row
     # 0.277 relative vs the naive composition's 0.057): the flash backward takes
     # D_i = rowsum(dO_i * O_i) from the output O rounded to bf16/fp16 (FlashAttention-2's
@@ -544,8 +543,7 @@ def _cpu_flash_lse_backward(case: Case, device: str, output: str) -> str | None:
     # gives 0.285 on that row: the algorithm's, not a kernel bug.
     if (torch.device(device).type == "cpu" and case.dtype in ("bf16", "fp16")
             and case.param("causal") and output == "grad_q"):
-        return ("CPU flash backward: D = rowsum(dO * O) from the output rounded to the input "
-                "dtype; rows whose gradient cancels (causal, few keys) carry it")
+        return "torch-cpu-flash-backward-rounded-output"
     return None
 
 
@@ -555,7 +553,7 @@ def _math_prescaled_logits(case: Case, device: str, output: str) -> str | None:
     large_logits fp32 cases its error sits at the 2x rule's edge (2.5x the naive error on one
     full-grid seed, 0.6x on another)."""
     if case.dtype == "fp32" and case.dist == "large_logits" and output == "out":
-        return "math backend: q, k pre-scaled by sqrt(scale), fp32 logits of ~100 rounded twice"
+        return "torch-sdpa-math-prescaled-logits"
     return None
 
 

@@ -445,7 +445,7 @@ def _tf32_is_not_fp32(case: Case, device: str, output: str) -> str | None:
     """By design: TF32 rounds operands to 10 mantissa bits, ~2^13 x fp32's error; judged by the
     fp32 policy it must fail, which shows numcheck tells TF32 from fp32 (H200: 70-91 dB SQNR
     against the fp32 baseline's 123-136 dB, docs/device/)."""
-    return "TF32 is not fp32: expected to fail the fp32 policy"
+    return "tf32-is-not-fp32"
 
 
 # ---- declared ops and kernels (registered by numcheck.catalog) -------------------------

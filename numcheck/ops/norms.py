@@ -186,7 +186,7 @@ def _cuda_rms_subnormal_grad(case: Case, device: str, output: str) -> str | None
     intermediate for subnormal fp32 inputs: 3e-6 relative vs the baseline's 6e-8."""
     if torch.device(device).type == "cuda" and case.dist == "subnormal" and \
             output == "grad_weight":
-        return "torch CUDA rms_norm backward: subnormal intermediate in grad_weight"
+        return "torch-cuda-rms-norm-subnormal-grad"
     return None
 
 
@@ -195,7 +195,7 @@ def _torch_ln_backward_cancels(case: Case, device: str, output: str) -> str | No
     itself (not of x - mean), which cancels when mean >> std: measured 10-21x the two-pass
     baseline's error at D=4096, fp32, large_mean rows on CPU; 4.2x at D=7 on CUDA (H200)."""
     if output == "grad_x" and case.dist == "large_mean":
-        return "torch layer_norm backward: cancellation on large-mean rows"
+        return "torch-layer-norm-backward-large-mean"
     return None
 
 
@@ -209,7 +209,7 @@ def _adaln_strided_rows(case: Case, device: str, output: str) -> str | None:
     sum for this reason)."""
     if case.param("layout") == "transposed" and case.dtype == "fp32" and output in ("out",
                                                                                     "grad_x"):
-        return "inductor: sequential per-row fp32 reduction on strided rows (benign order)"
+        return "inductor-strided-row-reduction"
     return None
 
 

@@ -305,7 +305,7 @@ def _torch_half_log_softmax_rounds_sum(case: Case, device: str, output: str) -> 
     targets are the argmax."""
     if (torch.device(device).type == "cpu" and case.dtype in ("bf16", "fp16")
             and case.param("target") == "argmax"):
-        return "torch CPU bf16/fp16 log_softmax rounds sum(exp) to the input dtype"
+        return "torch-cpu-half-log-softmax-rounded-sum"
     return None
 
 

@@ -1,0 +1,438 @@
+"""The HTML report of a results file: one self-contained page (inline CSS and SVG; no script, no
+font, no image or anything else fetched), readable offline and attachable to a CI run.
+
+Sections: summary (counts by status and golden verdict, provenance, case sets), failures (every
+record that fails the run in the results file's golden mode, with its reasons, repro command and
+error histogram), worst cases per op, quantization SQNR heatmaps, convergence curves, kernel
+fingerprints and telemetry. A section without data is left out; failures says "none".
+Torch-free, like every reader of results files. docs/report.md shows what each section holds.
+"""
+from __future__ import annotations
+
+import math
+from collections import Counter
+from html import escape
+
+from .forensics_rules import PROPERTIES
+from .records import Golden, Record, Status, failing
+from .report import worst_cases
+
+__all__ = ["html_report"]
+
+WORST_PER_OP = 3
+# Line colours of the convergence curves (matplotlib's tab10: distinct, print-safe); past ten
+# recipes the colours repeat dashed.
+PALETTE = ("#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2",
+           "#7f7f7f", "#bcbd22", "#17becf")
+
+_CSS = """
+body { font: 14px/1.45 system-ui, sans-serif; margin: 1.5em auto; max-width: 76em;
+       padding: 0 1em; color: #222; }
+h1 { font-size: 1.5em; } h2 { border-bottom: 1px solid #ccc; margin-top: 1.8em; }
+h3 { font-size: 1.05em; margin: 1.2em 0 .4em; }
+nav a { margin-right: 1em; }
+table { border-collapse: collapse; margin: .5em 0 1em; }
+th, td { border: 1px solid #ddd; padding: 2px 7px; text-align: left; vertical-align: top; }
+td.num { text-align: right; font-variant-numeric: tabular-nums; }
+code, pre { font: 12.5px ui-monospace, monospace; }
+pre { background: #f5f5f5; border: 1px solid #ddd; padding: .5em; overflow-x: auto;
+      white-space: pre-wrap; word-break: break-all; }
+pre.repro { user-select: all; }  /* one click selects the whole command */
+.st { padding: 0 .4em; border-radius: 3px; color: #fff; background: #777; }
+.st-passed { background: #2a7d2e; } .st-failed, .st-regressed, .st-missing { background: #c62828; }
+.st-error { background: #8e24aa; } .st-known, .st-drift { background: #ef6c00; }
+.failure { border-left: 4px solid #c62828; padding: .1em 1em; margin: 1em 0; background: #fffafa; }
+dl { display: grid; grid-template-columns: max-content auto; gap: .15em 1em; margin: .4em 0; }
+dt { font-weight: 600; } dd { margin: 0; }
+.note { color: #666; font-style: italic; }
+td.heat { text-align: right; min-width: 3.5em; }
+td.heat.fail { outline: 2px solid #c62828; font-weight: 700; }
+.scale { display: inline-block; width: 12em; height: .8em; vertical-align: middle;
+         background: linear-gradient(to right, hsl(0,70%,78%), hsl(60,70%,78%), hsl(120,70%,78%)); }
+.legend { list-style: none; padding: 0; display: flex; flex-wrap: wrap; gap: .2em 1.2em; }
+.swatch { display: inline-block; width: 1.6em; vertical-align: middle; margin-right: .3em; }
+svg text { font: 10px system-ui, sans-serif; fill: #333; }
+"""
+
+
+def _e(x) -> str:
+    return escape(str(x))
+
+
+def _num(x, fmt: str = ".1f") -> str:
+    if x is None or (isinstance(x, float) and math.isnan(x)):
+        return "-"
+    if isinstance(x, float) and math.isinf(x):
+        return "inf" if x > 0 else "-inf"
+    return format(x, fmt)
+
+
+def _badge(value) -> str:
+    return f'<span class="st st-{_e(value)}">{_e(value)}</span>'
+
+
+def _table(head: list[str], rows: list[list[str]]) -> str:
+    """A table of already-escaped cells (a cell starting with "<td" is taken as it is)."""
+    th = "".join(f"<th>{h}</th>" for h in head)
+    body = "".join("<tr>" + "".join(c if c.startswith("<td") else f"<td>{c}</td>" for c in r)
+                   + "</tr>" for r in rows)
+    return f"<table><thead><tr>{th}</tr></thead><tbody>{body}</tbody></table>"
+
+
+# A section: (id, heading, body HTML); a section builder returns None where it has no data.
+Section = tuple[str, str, str]
+
+
+# --- summary ------------------------------------------------------------------------------------
+
+def _summary(records: list[Record], prov: dict, mode: str) -> Section:
+    status = Counter(r.status for r in records)
+    gold = Counter(r.golden for r in records)
+    n_failing = sum(failing(r, mode) for r in records)
+    shown = [s for s in Status if s != Status.PENDING or status[s]]
+    verdicts = [g for g in Golden if gold[g]]
+    head = (f"<p>{len(records)} records on <b>{_e(prov.get('device_class', '?'))}</b> "
+            f"({_e(prov.get('device_name', '?'))}), numcheck {_e(prov.get('numcheck', '?'))}, "
+            f"torch {_e(prov.get('torch', '?'))}, {_e(prov.get('date', ''))}; golden mode "
+            f"<code>{_e(mode)}</code>: <b>{n_failing}</b> failing the run.</p>")
+    counts = _table([_badge(s) for s in shown], [[_count(status[s]) for s in shown]])
+    golden = _table([_badge(g) for g in verdicts] + ["not compared"],
+                    [[_count(gold[g]) for g in verdicts] + [_count(gold[None])]])
+    sets = Counter((r.suite, r.case_set or "-") for r in records)
+    case_sets = _table(["suite", "case set", "records"],
+                       [[_e(s), _e(c), _count(n)] for (s, c), n in sorted(sets.items())])
+    provenance = _table(["provenance", "value"],
+                        [[_e(k), _e(v)] for k, v in sorted(prov.items())])
+    return ("summary", "Summary",
+            f"{head}<h3>Status</h3>{counts}<h3>Golden verdicts</h3>{golden}"
+            f"<h3>Case sets</h3>{case_sets}<h3>Provenance</h3>{provenance}")
+
+
+def _count(n: int) -> str:
+    return f'<td class="num">{n}</td>'
+
+
+# --- failures -----------------------------------------------------------------------------------
+
+def _failures(records: list[Record], mode: str) -> Section:
+    bad = sorted((r for r in records if failing(r, mode)),
+                 key=lambda r: (r.golden != Golden.REGRESSED, r.op, r.kernel, r.case_id, r.output))
+    if not bad:
+        return "failures", "Failures", \
+            '<p class="note">None: no failures and no golden regressions.</p>'
+    return "failures", f"Failures ({len(bad)})", "\n".join(map(_failure, bad))
+
+
+def _failure(r: Record) -> str:
+    k, b = r.kernel_stats, r.baseline_stats
+    items = [("reason", r.reason)]
+    if r.golden not in (None, Golden.SAME):
+        items.append(("golden", f"{r.golden}: {r.golden_reason}" if r.golden_reason
+                      else str(r.golden)))
+    if k is not None:
+        items.append(("error", f"SQNR {_num(k.sqnr_db)} dB (baseline "
+                               f"{_num(b.sqnr_db) if b else '-'} dB), worst block "
+                               f"{_num(k.min_block_sqnr_db)} dB, max {k.max_ulp} ULP, p99 "
+                               f"{k.p99_ulp} ULP of {k.fmt}"))
+    items += [("worst elements", r.worst_elements), ("numerics", r.numerics),
+              ("inputs saved", r.saved_inputs)]
+    dl = "".join(f"<dt>{name}</dt><dd>{_e(v)}</dd>" for name, v in items if v)
+    repro = (f'<pre class="repro"><code>{_e(r.repro)}</code></pre>' if r.repro
+             else '<p class="note">No repro command recorded.</p>')
+    tb = (f"<details><summary>traceback</summary><pre>{_e(r.traceback)}</pre></details>"
+          if r.traceback else "")
+    return (f'<article class="failure"><h3>{_e(r.op)}/{_e(r.kernel)} <code>{_e(r.case_id)}'
+            f'</code> {_e(r.output)} {_badge(r.status)}</h3><dl>{dl}</dl>{repro}'
+            f"{_histogram(r)}{tb}</article>")
+
+
+def _histogram(r: Record) -> str:
+    k = r.kernel_stats
+    if r.ulp_hist is None or k is None:
+        return f'<p class="note">No error histogram: {_no_histogram_reason(r)}.</p>'
+    mismatch = k.nonfinite_mismatch
+    return (f'<figure class="hist">{_histogram_svg(r.ulp_hist, mismatch)}<figcaption>'
+            f"Elements per |error| in ULPs of {_e(k.fmt)} (bar heights log-scaled): "
+            f"{k.n_compared} compared, {mismatch} non-finite mismatches.</figcaption></figure>")
+
+
+def _no_histogram_reason(r: Record) -> str:
+    if r.status == Status.ERROR:
+        return "the kernel gave no output to measure"
+    if r.series is not None:
+        return "a convergence record holds a loss curve, not element errors"
+    if r.status == Status.PASSED:
+        return "the case passed its own rules (histograms are recorded where a rule fails)"
+    return "none recorded (a results file from an older numcheck, or a producer that records none)"
+
+
+def _bucket(k: int) -> tuple[str, str]:
+    """A histogram bucket's short label and its ULP range."""
+    if k == 0:
+        return "0", "0 ULP (exact)"
+    lo = 1 << (k - 1)
+    short = str(lo) if k <= 10 else f"2^{k - 1}"
+    return short, f"{lo} to {2 * lo - 1} ULP"
+
+
+def _compact(n: int) -> str:
+    for unit, size in (("G", 10 ** 9), ("M", 10 ** 6), ("k", 10 ** 3)):
+        if n >= size:
+            return f"{n / size:.3g}{unit}"
+    return str(n)
+
+
+def _histogram_svg(hist: list[int], mismatch: int) -> str:
+    bars = [(*_bucket(k), c, "#4a7fb5") for k, c in enumerate(hist)]
+    if mismatch:
+        bars.append(("NaN/inf", "non-finite mismatch", mismatch, "#c62828"))
+    step, height, top, bottom = 30, 90, 14, 30
+    width = 40 + step * len(bars)
+    scale = math.log1p(max(c for *_, c, _ in bars) or 1)
+    parts = [f'<svg class="hist" width="{width}" height="{top + height + bottom}" '
+             f'viewBox="0 0 {width} {top + height + bottom}" role="img">',
+             f'<line x1="30" y1="{top + height}" x2="{width - 5}" y2="{top + height}" '
+             f'stroke="#888"/>']
+    for i, (short, span, c, colour) in enumerate(bars):
+        h = height * math.log1p(c) / scale
+        x = 34 + step * i
+        parts.append(f'<rect x="{x}" y="{top + height - h:.1f}" width="{step - 6}" '
+                     f'height="{h:.1f}" fill="{colour}" data-count="{c}">'
+                     f"<title>{span}: {c} elements</title></rect>")
+        if c:
+            parts.append(f'<text x="{x + (step - 6) / 2}" y="{top + height - h - 3:.1f}" '
+                         f'text-anchor="middle">{_compact(c)}</text>')
+        parts.append(f'<text x="{x + (step - 6) / 2}" y="{top + height + 12}" '
+                     f'text-anchor="middle">{short}</text>')
+    parts.append(f'<text x="30" y="{top + height + 26}">ULP (bucket from)</text></svg>')
+    return "".join(parts)
+
+
+# --- worst cases per op -------------------------------------------------------------------------
+
+def _worst(records: list[Record]) -> Section | None:
+    """As the markdown report ranks them: kernel error over the baseline's (rel_l2 ratio)."""
+    worst = worst_cases(records, WORST_PER_OP)
+    if not worst:
+        return None
+    rows = []
+    for op, cases in worst.items():
+        for ratio, r in cases:
+            k, b = r.kernel_stats, r.baseline_stats
+            rows.append([_e(op), _e(r.kernel), f"<code>{_e(r.case_id)}</code>", _e(r.output),
+                         _badge(r.status), *(f'<td class="num">{v}</td>' for v in (
+                             _num(k.sqnr_db), _num(b.sqnr_db), _num(k.min_block_sqnr_db),
+                             k.max_ulp, f"{ratio:.2f}"))])
+    note = ("<p>The worst cases of each op: kernel error over the same-precision baseline's "
+            "(rel_l2 ratio; 1 = as good as the naive baseline, the absolute gate is 2x + "
+            "floor).</p>")
+    return "worst", "Worst cases per op", note + _table(
+        ["op", "kernel", "case", "output", "status", "SQNR dB", "baseline dB",
+         "worst block dB", "max ULP", "ratio"], rows)
+
+
+# --- quantization heatmaps ----------------------------------------------------------------------
+
+# op of the quant family -> (what a row is, what the SQNR is measured against, the baseline row)
+_QUANT_GRIDS = {
+    "roundtrip": ("quantization path", "round trip vs the fp32 input",
+                  "bf16 (the input rounded once)"),
+    "gemm": ("recipe", "quantized GEMM vs the FP64 product", "bf16 GEMM"),
+}
+
+
+def _quant(records: list[Record]) -> Section | None:
+    quant = [r for r in records if r.family == "quant" and r.kernel_stats is not None]
+    grids = [_heatmap(op, [r for r in quant if r.op == op])
+             for op in sorted({r.op for r in quant})]
+    if not grids:
+        return None
+    return ("quant", "Quantization: SQNR (dB) by format x input distribution",
+            "<p>Cell colour: red = lowest SQNR of the grid, green = highest; a red "
+            "outline and FAIL mark a record that failed its floor. Bottom row: the BF16 "
+            "yardstick on the same inputs.</p>" + "".join(grids))
+
+
+def _heat_colour(v: float, lo: float, hi: float) -> str:
+    if math.isnan(v):
+        return "#eee"
+    t = 1.0 if v >= hi else 0.0 if v <= lo else (v - lo) / (hi - lo)
+    return f"hsl({120 * t:.0f},70%,78%)"
+
+
+def _heatmap(op: str, records: list[Record]) -> str:
+    what, against, yardstick = _QUANT_GRIDS.get(op, ("kernel", op, "baseline"))
+    dists = sorted({r.dist for r in records})
+    kernels = sorted({r.kernel for r in records})
+    by = {(r.kernel, r.dist): r for r in records}
+    finite = [r.kernel_stats.sqnr_db for r in records if math.isfinite(r.kernel_stats.sqnr_db)]
+    lo, hi = (min(finite), max(finite)) if finite else (0.0, 0.0)
+    rows = []
+    for kern in kernels:
+        cells = [f"<th>{_e(kern)}</th>"]
+        for d in dists:
+            r = by.get((kern, d))
+            if r is None:
+                cells.append('<td class="heat"></td>')
+                continue
+            v = r.kernel_stats.sqnr_db
+            fail = r.status in (Status.FAILED, Status.ERROR)
+            cells.append(f'<td class="heat{" fail" if fail else ""}" data-db="{v!r}" '
+                         f'style="background:{_heat_colour(v, lo, hi)}" '
+                         f'title="{_e(kern)} on {_e(d)}: {_num(v, ".2f")} dB, {_e(r.status)}">'
+                         f'{_num(v)}{" FAIL" if fail else ""}</td>')
+        rows.append("".join(cells))
+    first = {d: next(r for r in records if r.dist == d) for d in dists}
+    yard = [f'<td class="num">{_num(first[d].baseline_stats.sqnr_db)}</td>'
+            if first[d].baseline_stats else "<td></td>" for d in dists]
+    rows.append(f"<th>{yardstick}</th>" + "".join(yard))
+    head = "".join(f"<th>{_e(d)}</th>" for d in dists)
+    return (f"<h3>{_e(op)}: {_e(against)}</h3>"
+            f'<table class="heatmap" data-op="{_e(op)}"><thead><tr><th>{_e(what)}</th>{head}'
+            f"</tr></thead><tbody>" + "".join(f"<tr>{r}</tr>" for r in rows) +
+            f'</tbody></table><p>{_num(lo)} dB <span class="scale"></span> {_num(hi)} dB</p>')
+
+
+# --- convergence curves -------------------------------------------------------------------------
+
+def _convergence(records: list[Record]) -> Section | None:
+    curves = [r for r in records if r.family == "convergence"]
+    if not curves:
+        return None
+    body = ["<p>Per model, each recipe's loss minus the fp32 reference's loss at every step "
+            "(mean over the paired seeds; the shaded band is the seeds' spread). The results "
+            "file holds these paired differences, not the absolute losses.</p>"]
+    # one style per recipe across all models, so that a recipe reads the same in every chart
+    styles = {k: (PALETTE[i % len(PALETTE)], i >= len(PALETTE))
+              for i, k in enumerate(sorted({r.kernel for r in curves}))}
+    for model in sorted({r.op for r in curves}):
+        rs = sorted((r for r in curves if r.op == model), key=lambda r: r.kernel)
+        body.append(f"<h3>{_e(model)}</h3>{_curves_svg(rs, styles)}")
+        body.append('<ul class="legend">' + "".join(
+            f'<li><span class="swatch" style="border-top:3px '
+            f'{"dashed" if styles[r.kernel][1] else "solid"} {styles[r.kernel][0]}"></span>'
+            f"{_e(r.kernel)} {_badge(r.status)}"
+            f"{'' if r.series else ' <span class=note>(no curve)</span>'}</li>"
+            for r in rs) + "</ul>")
+    return "convergence", "Convergence curves", "".join(body)
+
+
+def _finite_runs(points: list[tuple[int, float]]) -> list[list[tuple[int, float]]]:
+    """Runs of consecutive finite points: a NaN or inf step (a diverged run) breaks the line."""
+    runs: list[list[tuple[int, float]]] = [[]]
+    for p in points:
+        if math.isfinite(p[1]):
+            runs[-1].append(p)
+        elif runs[-1]:
+            runs.append([])
+    return [run for run in runs if run]
+
+
+def _curves_svg(records: list[Record], styles: dict[str, tuple[str, bool]]) -> str:
+    width, height, left, right, top, bottom = 640, 240, 64, 12, 10, 28
+    lines = []  # (record, series, band: zeros where the record has none)
+    for r in records:
+        s = list(r.series or [])
+        band = list(r.series_band or [])
+        lines.append((r, s, band if len(band) == len(s) else [0.0] * len(s)))
+    values = [0.0] + [x for _, s, band in lines for v, w in zip(s, band)
+                      for x in (v - w, v + w) if math.isfinite(x)]
+    lo, hi = min(values), max(values)
+    hi = hi if hi > lo else lo + 1.0
+    n = max((len(s) for _, s, _ in lines), default=1)
+
+    def x_of(i: int) -> float:
+        return left + (width - left - right) * i / max(n - 1, 1)
+
+    def y_of(v: float) -> float:
+        return top + (height - top - bottom) * (hi - v) / (hi - lo)
+
+    def xy(i: int, v: float) -> str:
+        return f"{x_of(i):.1f},{y_of(v):.1f}"
+
+    parts = [f'<svg class="curves" width="{width}" height="{height}" '
+             f'viewBox="0 0 {width} {height}" role="img">',
+             f'<rect x="{left}" y="{top}" width="{width - left - right}" '
+             f'height="{height - top - bottom}" fill="none" stroke="#bbb"/>']
+    for v in sorted({lo, 0.0, hi}):
+        y = y_of(v)
+        if v != 0.0 and abs(y - y_of(0.0)) < 12:  # its label would overprint 0's
+            continue
+        parts.append(f'<line x1="{left}" x2="{width - right}" y1="{y:.1f}" y2="{y:.1f}" '
+                     f'stroke="{"#555" if v == 0 else "#eee"}"/>'
+                     f'<text x="{left - 4}" y="{y:.1f}" text-anchor="end" '
+                     f'dominant-baseline="middle">{v:.3g}</text>')
+    for i, label, anchor in ((0, "step 0", "start"), (n - 1, f"step {n - 1}", "end")):
+        parts.append(f'<text x="{x_of(i):.1f}" y="{height - 8}" '
+                     f'text-anchor="{anchor}">{label}</text>')
+    for r, s, band in lines:
+        colour, dashed = styles[r.kernel]
+        dash = ' stroke-dasharray="5 3"' if dashed else ""
+        banded = [(j, v if math.isfinite(band[j]) and band[j] > 0 else math.nan)
+                  for j, v in enumerate(s)]
+        for run in _finite_runs(banded):
+            upper = [xy(j, v + band[j]) for j, v in run]
+            lower = [xy(j, v - band[j]) for j, v in reversed(run)]
+            parts.append(f'<polygon points="{" ".join(upper + lower)}" fill="{colour}" '
+                         f'fill-opacity="0.15" stroke="none"/>')
+        for run in _finite_runs(list(enumerate(s))):
+            parts.append(f'<polyline points="{" ".join(xy(j, v) for j, v in run)}" '
+                         f'fill="none" stroke="{colour}" stroke-width="1.3"{dash}>'
+                         f"<title>{_e(r.kernel)}</title></polyline>")
+    return "".join(parts) + "</svg>"
+
+
+# --- fingerprints and telemetry -----------------------------------------------------------------
+
+def _show(v) -> str:
+    """A metric as read: integral floats (bit counts, block sizes) as integers."""
+    if isinstance(v, float):
+        return str(int(v)) if v.is_integer() and abs(v) < 1e15 else f"{v:.4g}"
+    return _e(v)
+
+
+def _fingerprints(records: list[Record]) -> Section | None:
+    fps = [r for r in records if r.family == "fingerprint" and r.metrics]
+    if not fps:
+        return None
+    body = []
+    for dev in sorted({r.device_class for r in fps}):
+        rows = [[_e(r.op), _e(r.kernel), _e(r.dtype)] + [_show(r.metric(p)) for p in PROPERTIES]
+                for r in sorted((r for r in fps if r.device_class == dev),
+                                key=lambda r: (r.op, r.kernel, r.dtype))]
+        body.append(f"<h3>{_e(dev)}</h3>" + _table(["op", "kernel", "dtype", *PROPERTIES], rows))
+    return "fingerprints", "Kernel fingerprints", "".join(body)
+
+
+def _telemetry(records: list[Record]) -> Section | None:
+    rows = [r for r in records if "telemetry" in (r.family, r.suite)]
+    if not rows:
+        return None
+    keys = sorted({k for r in rows for k in (r.metrics or {})})
+    table = _table(["op", "kernel", "case", "output", "device class", "status",
+                    *map(_e, keys), "reason"],
+                   [[_e(r.op), _e(r.kernel), _e(r.case_id), _e(r.output), _e(r.device_class),
+                     _badge(r.status), *(_show(r.metric(k, "")) for k in keys), _e(r.reason)]
+                    for r in rows])
+    return "telemetry", "Telemetry", table
+
+
+# --- the page -----------------------------------------------------------------------------------
+
+def html_report(records: list[Record], provenance: dict, *, title: str | None = None) -> str:
+    """One complete, self-contained HTML document reporting ``records`` (a results file's,
+    ``numcheck.golden.read_results``). Failing means ``failing`` in the results file's golden
+    mode (provenance ``golden_mode``; strict when unknown, as the markdown report)."""
+    mode = provenance.get("golden_mode", "strict")
+    title = title or f"numcheck report: {provenance.get('device_class', '?')} " \
+                     f"{provenance.get('date', '')}".rstrip()
+    sections = [s for s in (_summary(records, provenance, mode), _failures(records, mode),
+                            _worst(records), _quant(records), _convergence(records),
+                            _fingerprints(records), _telemetry(records)) if s]
+    nav = " ".join(f'<a href="#{sid}">{_e(heading)}</a>' for sid, heading, _ in sections)
+    body = "\n".join(f'<section id="{sid}"><h2>{_e(heading)}</h2>\n{html}\n</section>'
+                     for sid, heading, html in sections)
+    return (f'<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8">'
+            f'<meta name="viewport" content="width=device-width, initial-scale=1">'
+            f"<title>{_e(title)}</title><style>{_CSS}</style></head>\n<body><h1>{_e(title)}</h1>"
+            f"<nav>{nav}</nav>\n{body}\n</body></html>\n")

@@ -1,0 +1,321 @@
+"""The HTML report (numcheck.report_html): sections present exactly when their data is, no
+external resource, escaping, heatmap values, error histograms and repro lines; and the error
+histogram failing records carry (numcheck.run.ulp_histogram, Record.ulp_hist)."""
+from __future__ import annotations
+
+import math
+from html.parser import HTMLParser
+
+import pytest
+import torch
+
+from numcheck import golden
+from numcheck.errorstats import ErrorStats
+from numcheck.records import Golden, Record, Status
+from numcheck.report_html import html_report
+from numcheck.run import ulp_histogram, verify
+
+EVIL = "<script>alert(1)</script>"
+REPRO = "numcheck verify --op rms_norm --kernel 'pkg.k:f<T>&x' --adhoc '{\"seed\":0}'"
+PROV = {"device_class": "cpu", "device_name": "AMD EPYC", "numcheck": "0.1.0",
+        "torch": "2.13.0+cpu", "cpu_isa": "AVX512-BF16", "date": "2026-01-01",
+        "golden_mode": "check"}
+SECTIONS = ["summary", "failures", "worst", "quant", "convergence", "fingerprints", "telemetry"]
+
+
+def stats(sqnr=60.0, **kw) -> ErrorStats:
+    base = dict(fmt="bf16", n=512, n_compared=512, n_nan=0, n_inf=0, nonfinite_mismatch=0,
+                max_abs=0.5, mean_abs=0.1, rel_l2=10 ** (-sqnr / 20), sqnr_db=sqnr, cosine=1.0,
+                bias=0.0, max_ulp=1, mean_ulp=0.5, p99_ulp=1, bias_ulp=0.0, mag_bias_ulp=0.0,
+                min_block_sqnr_db=sqnr - 3, worst_block=0, n_blocks=4)
+    return ErrorStats(**{**base, **kw})
+
+
+def op_record(kernel="torch", case="bf16-4x128-normal-s0", status=Status.PASSED, sqnr=50.0,
+              **kw) -> Record:
+    kw = {"golden": Golden.SAME, **kw}
+    return Record(suite="ops", op="rms_norm", kernel=kernel, case_id=case, status=status,
+                  kernel_stats=stats(sqnr), baseline_stats=stats(sqnr + 1),
+                  repro=f"numcheck verify --op rms_norm --kernel {kernel}", **kw)
+
+
+def quant_records() -> list[Record]:
+    out = []
+    for i, path in enumerate(("fp8_e4m3_row", "mx_e2m1_floor", 'nv"fp4')):
+        for j, dist in enumerate(("normal", "student_t")):
+            status = Status.FAILED if (i, j) == (1, 1) else Status.PASSED
+            out.append(Record(suite="quant", family="quant", op="roundtrip", kernel=path,
+                              case_id=f"fp32-64x256-{dist}-s1", dist=dist, status=status,
+                              kernel_stats=stats(31.25 - 6.5 * i + 0.125 * j, fmt="fp32"),
+                              baseline_stats=stats(55.5, fmt="fp32")))
+    out.append(Record(suite="quant", family="quant", op="gemm", kernel="mxfp8", dist="normal",
+                      case_id="fp32-64x512x64-normal-s2", status=Status.PASSED,
+                      kernel_stats=stats(27.5, fmt="fp32"), baseline_stats=stats(52.6)))
+    return out
+
+
+def convergence_records() -> list[Record]:
+    out = []
+    for recipe, series in (("fp32", [0.0] * 6), ("bf16", [0.0, 1e-3, 2e-3, 1e-3, 0.0, 5e-4]),
+                           ("nvfp4", [0.0, 0.01, math.nan, 0.03, 0.02, 0.02])):
+        out.append(Record(suite="convergence", family="convergence", op="mlp", kernel=recipe,
+                          case_id=f"mlp-{recipe}-s6-k3", output="loss", status=Status.PASSED,
+                          series=series, series_band=[0.0 if recipe == "fp32" else 1e-3] * 6))
+    return out
+
+
+def fingerprint_records() -> list[Record]:
+    props = {"acc_bits": 23.0, "promote_every": 0.0, "acc_rounding": "rne", "order": "pairwise",
+             "deterministic": True, "batch_invariant": False}
+    return [Record(suite="fingerprint", family="fingerprint", op="matmul", kernel="torch",
+                   case_id="bf16", output="fingerprint", dtype="bf16", device_class=dev,
+                   status=Status.PASSED, metrics=props) for dev in ("cpu", "cuda-sm90")]
+
+
+def telemetry_records() -> list[Record]:
+    return [Record(suite="telemetry", family="telemetry", op="train_step", kernel="fp8_row",
+                   case_id="step-100", status=Status.PASSED,
+                   metrics={"amax_growth": 1.5, "overflow_frac": 0.0})]
+
+
+def sample() -> list[Record]:
+    """Records of every section: passing and failing ops (a histogram, an escaped kernel name
+    and repro line, an error, a golden regression), quant, convergence, fingerprints,
+    telemetry."""
+    failing = op_record(kernel=EVIL, case="fp32-4x128-normal-s0", status=Status.FAILED, sqnr=20.0,
+                        reason="rel_l2 > 2 x baseline <b>&", ulp_hist=[3, 0, 5, 500],
+                        worst_elements="[0, 1]: out=1 ref=2 err=1")
+    failing.repro = REPRO
+    failing.kernel_stats = stats(20.0, n_compared=508, nonfinite_mismatch=4)
+    return [op_record(), op_record(kernel="fused", sqnr=45.0), failing,
+            op_record(kernel="err", status=Status.ERROR, reason="kernel err raised ValueError",
+                      traceback="Traceback ...\nValueError: x < 0").replace(
+                kernel_stats=None, baseline_stats=None),
+            op_record(kernel="slower", golden=Golden.REGRESSED, golden_reason="SQNR -0.5 dB"),
+            *quant_records(), *convergence_records(), *fingerprint_records(),
+            *telemetry_records()]
+
+
+class Node:
+    def __init__(self, tag: str, attrs: dict, parent: "Node | None"):
+        self.tag, self.attrs, self.parent = tag, attrs, parent
+        self.content: list = []  # text and child nodes, in document order
+
+    def text(self) -> str:
+        return "".join(c if isinstance(c, str) else c.text() for c in self.content)
+
+    def find(self, tag: str | None = None, **attrs) -> list["Node"]:
+        """Descendants with this tag whose attributes hold these words (class_ for class)."""
+        hits = []
+        for c in self.content:
+            if isinstance(c, str):
+                continue
+            if (tag is None or c.tag == tag) and all(
+                    v in c.attrs.get(k.rstrip("_"), "").split() for k, v in attrs.items()):
+                hits.append(c)
+            hits += c.find(tag, **attrs)
+        return hits
+
+
+VOID = {"meta", "br", "hr", "img", "input", "link"}
+
+
+class Tree(HTMLParser):
+    """A minimal DOM; fails on a closing tag that does not match the open element."""
+
+    def __init__(self, page: str):
+        super().__init__(convert_charrefs=True)
+        self.root = self.node = Node("#root", {}, None)
+        self.feed(page)
+        self.close()
+        assert self.node is self.root, f"unclosed <{self.node.tag}>"
+
+    def handle_starttag(self, tag, attrs):
+        node = Node(tag, dict(attrs), self.node)
+        self.node.content.append(node)
+        if tag not in VOID:
+            self.node = node
+
+    def handle_startendtag(self, tag, attrs):
+        self.node.content.append(Node(tag, dict(attrs), self.node))
+
+    def handle_endtag(self, tag):
+        assert tag == self.node.tag, f"</{tag}> closes <{self.node.tag}>"
+        self.node = self.node.parent
+
+    def handle_data(self, data):
+        self.node.content.append(data)
+
+
+def sections(tree: Tree) -> dict[str, Node]:
+    return {s.attrs["id"]: s for s in tree.root.find("section")}
+
+
+def test_every_section_with_its_data():
+    tree = Tree(html_report(sample(), PROV))
+    assert list(sections(tree)) == SECTIONS
+    assert [a.attrs["href"] for a in tree.root.find("nav")[0].find("a")] == \
+        [f"#{s}" for s in SECTIONS]
+    assert tree.root.find("title")[0].text() == "numcheck report: cpu 2026-01-01"
+
+
+WITHOUT = {  # section -> the sample without that section's data
+    "worst": lambda rs: [r.replace(baseline_stats=None) for r in rs],
+    "quant": lambda rs: [r for r in rs if r.family != "quant"],
+    "convergence": lambda rs: [r for r in rs if r.series is None],
+    "fingerprints": lambda rs: [r for r in rs if r.family != "fingerprint"],
+    "telemetry": lambda rs: [r for r in rs if r.suite != "telemetry"],
+}
+
+
+@pytest.mark.parametrize("section", WITHOUT)
+def test_a_section_without_data_is_left_out(section):
+    got = list(sections(Tree(html_report(WITHOUT[section](sample()), PROV))))
+    assert got == [s for s in SECTIONS if s != section]
+
+
+def test_empty_record_list_gives_a_valid_page():
+    tree = Tree(html_report([], {}))
+    found = sections(tree)
+    assert list(found) == ["summary", "failures"]
+    assert "None: no failures" in found["failures"].text()
+    assert tree.root.find("title")[0].text() == "numcheck report: ?"
+
+
+def test_no_external_resource():
+    page = html_report(sample(), PROV)
+    assert "http://" not in page and "https://" not in page and "url(" not in page
+    tree = Tree(page)
+    assert not tree.root.find("script") and not tree.root.find("link") and \
+        not tree.root.find("img") and not tree.root.find("iframe")
+    nodes = tree.root.find()
+    assert not [n for n in nodes if "src" in n.attrs]
+    assert all(n.attrs["href"].startswith("#") for n in nodes if "href" in n.attrs)
+
+
+def test_strings_from_records_are_escaped():
+    page = html_report(sample(), PROV)
+    assert EVIL not in page and "<b>&" not in page
+    tree = Tree(page)
+    assert not tree.root.find("script")
+    failures = sections(tree)["failures"]
+    assert f"rms_norm/{EVIL} fp32-4x128-normal-s0 out failed" in \
+        [h.text() for h in failures.find("h3")]
+    assert "rel_l2 > 2 x baseline <b>&" in failures.text()
+    quant_rows = [tr.find("th")[0].text() for tr in sections(tree)["quant"].find("tr")]
+    assert 'nv"fp4' in quant_rows
+
+
+def test_heatmap_cells_are_the_records_sqnr():
+    tree = Tree(html_report(sample(), PROV))
+    tables = {t.attrs["data-op"]: t for t in sections(tree)["quant"].find("table")}
+    checked = 0
+    for r in quant_records():
+        table = tables[r.op]
+        dists = [th.text() for th in table.find("thead")[0].find("th")[1:]]
+        row = next(tr for tr in table.find("tbody")[0].find("tr")
+                   if tr.find("th")[0].text() == r.kernel)
+        cell = row.find("td")[dists.index(r.dist)]
+        assert float(cell.attrs["data-db"]) == r.kernel_stats.sqnr_db
+        want = f"{r.kernel_stats.sqnr_db:.1f}" + (" FAIL" if r.status == Status.FAILED else "")
+        assert cell.text() == want
+        checked += 1
+    assert checked == len(quant_records())
+
+
+def test_ulp_histogram_counts_a_known_tensor():
+    """bf16 values k ULPs above 1.0 (2^-7 apart) against the reference 1.0, plus a NaN and an
+    inf the reference does not have: counts per bucket as counted by hand."""
+    offsets = [0, 0, 1, 2, 3, 4, 7, 8, 100, 127]
+    out = torch.tensor([1 + k * 2.0 ** -7 for k in offsets] + [math.nan, math.inf],
+                       dtype=torch.bfloat16)
+    ref = torch.ones(len(offsets) + 2, dtype=torch.float64)
+    want = [0] * 8  # bucket 0: exact; bucket k: [2^(k-1), 2^k)
+    for k in offsets:
+        want[k.bit_length()] += 1
+    assert ulp_histogram(out, ref, "bf16") == want == [2, 1, 2, 2, 1, 0, 0, 2]
+
+
+def bars(node: Node) -> list[int]:
+    return [int(rect.attrs["data-count"]) for rect in node.find("rect")]
+
+
+def test_every_failing_case_shows_its_histogram_or_why_not():
+    tree = Tree(html_report(sample(), PROV))
+    cases = {a.find("h3")[0].text().split(" ")[0]: a
+             for a in sections(tree)["failures"].find("article")}
+    assert set(cases) == {f"rms_norm/{EVIL}", "rms_norm/err", "rms_norm/slower",
+                          "roundtrip/mx_e2m1_floor"}
+    assert bars(cases[f"rms_norm/{EVIL}"].find("svg")[0]) == [3, 0, 5, 500, 4]  # + mismatches
+    assert "no output to measure" in cases["rms_norm/err"].text()
+    assert "passed its own rules" in cases["rms_norm/slower"].text()
+    assert "none recorded" in cases["roundtrip/mx_e2m1_floor"].text()
+    assert not cases["rms_norm/err"].find("svg")
+
+
+def test_failing_records_show_their_repro_command():
+    failures = sections(Tree(html_report(sample(), PROV)))["failures"]
+    repros = [p.text() for p in failures.find("pre", class_="repro")]
+    assert REPRO in repros and "numcheck verify --op rms_norm --kernel slower" in repros
+    assert "numcheck verify --op rms_norm --kernel fused" not in failures.text()
+
+
+@pytest.mark.parametrize("mode, fails", [("check", False), ("strict", True)])
+def test_failures_follow_the_results_golden_mode(mode, fails):
+    r = op_record(kernel="moved", golden=Golden.INPUTS_CHANGED)
+    failures = sections(Tree(html_report([r], {**PROV, "golden_mode": mode})))["failures"]
+    assert ("rms_norm/moved" in failures.text()) is fails
+
+
+def test_convergence_curves_one_line_per_recipe():
+    svg = sections(Tree(html_report(convergence_records(), PROV)))["convergence"].find("svg")
+    assert len(svg) == 1
+    lines = [p.find("title")[0].text() for p in svg[0].find("polyline")]
+    assert lines == ["bf16", "fp32", "nvfp4", "nvfp4"]  # the NaN step breaks nvfp4's line
+    assert len(svg[0].find("polygon")) == 3  # bands where the seeds spread (fp32 has none)
+
+
+def test_fingerprint_table_per_device():
+    fp = sections(Tree(html_report(fingerprint_records(), PROV)))["fingerprints"]
+    assert [h.text() for h in fp.find("h3")] == ["cpu", "cuda-sm90"]
+    row = [td.text() for td in fp.find("tbody")[0].find("td")]
+    assert row == ["matmul", "torch", "bf16", "23", "0", "rne", "pairwise", "True", "False"]
+
+
+def test_telemetry_rows_as_a_table():
+    tm = sections(Tree(html_report(telemetry_records(), PROV)))["telemetry"]
+    head = [th.text() for th in tm.find("th")]
+    assert head[-3:] == ["amax_growth", "overflow_frac", "reason"]
+    assert [td.text() for td in tm.find("td")][6:8] == ["1.5", "0"]
+
+
+CASE = "fp32-4x128-normal-s0-contiguous"
+
+
+@pytest.fixture(scope="module")
+def planted(one_thread) -> list[Record]:
+    """silu scaled by 1.01: fails forward and backward on one fp32 case."""
+    def scaled_silu(x):
+        return (torch.nn.functional.silu(x.float()) * 1.01).to(x.dtype)
+    return verify("silu", scaled_silu, device="cpu", case_ids=[CASE]).records
+
+
+def test_a_failing_case_carries_its_histogram_through_results(planted, tmp_path):
+    assert [r.status for r in planted] == [Status.FAILED, Status.FAILED]
+    for r in planted:
+        assert sum(r.ulp_hist) == r.kernel_stats.n_compared
+        assert len(r.ulp_hist) - 1 == r.kernel_stats.max_ulp.bit_length()  # top bucket
+    path = golden.write_results(tmp_path / "r.parquet", planted, PROV)
+    back, _ = golden.read_results(path)
+    assert sorted(r.ulp_hist for r in back) == sorted(r.ulp_hist for r in planted)
+    assert "ulp_hist" in golden.RESULTS_SCHEMA.names and "ulp_hist" not in golden.COLUMNS
+    failures = sections(Tree(html_report(back, PROV)))["failures"]
+    assert sorted(bars(svg) for svg in failures.find("svg")) == \
+        sorted(r.ulp_hist for r in planted)
+
+
+def test_a_passing_case_carries_no_histogram(one_thread):
+    r = verify("silu", lambda x: torch.nn.functional.silu(x), device="cpu",
+               case_ids=[CASE]).records
+    assert [x.status for x in r] == [Status.PASSED, Status.PASSED]
+    assert all(x.ulp_hist is None for x in r)

@@ -60,12 +60,13 @@ def suite_files(names: list[str] | None = None) -> list[Path]:
 
 
 def runs_builtin_suites(args: list[str]) -> bool:
-    """Do pytest's command-line ``args`` name modules of the built-in suites?"""
+    """Do pytest's command-line ``args`` name the built-in suites (their folder or modules)?"""
     found = _find("suites")
     if found is None:
         return False
+    root = found.resolve()
     for a in args:
-        p = Path(a.split("::", 1)[0])
-        if p.suffix == ".py" and p.resolve().parent == found.resolve():
+        p = Path(a.split("::", 1)[0]).resolve()
+        if p == root or p.is_relative_to(root):
             return True
     return False

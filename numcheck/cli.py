@@ -323,27 +323,14 @@ def _fingerprint(args: argparse.Namespace) -> int:
 
 # --- run / refresh ------------------------------------------------------------------------------
 
-_INI_FILES = (("pytest.ini", ""), (".pytest.ini", ""), ("pyproject.toml", "[tool.pytest.ini_options]"),
-              ("tox.ini", "[pytest]"), ("setup.cfg", "[tool:pytest]"))
-
-
-def _user_ini(start):
-    """The pytest configuration file of the project around ``start`` (searched upwards as
-    pytest does), or None: an installed numcheck's suites read the user's ini keys from it."""
-    for folder in (start, *start.parents):
-        for name, section in _INI_FILES:
-            f = folder / name
-            if f.is_file() and (not section or section in f.read_text(errors="replace")):
-                return f
-    return None
-
-
 _SELECT = (
     _arg("--suite", action="append", default=None,
          help="built-in suite to run (repeatable; default all): ops, search, quant, "
               "convergence, fingerprint"),
     _arg("-k", dest="keyword", default=None, help="pytest -k selection within the suites"),
     _arg("-n", dest="workers", default="2", help="pytest-xdist workers (0: in process)"),
+    _arg("-v", "--verbose", action="store_true",
+         help="pytest -v: every failing case in full, torch's own debug log records kept"),
     _arg("--cases", default="quick", choices=CASE_SETS),
     _arg("--device", default=None, help="cpu or cuda (default: cuda when present)"),
     _arg("--golden-dir", default=None,
@@ -369,17 +356,23 @@ def _pytest(args: argparse.Namespace, extra: list[str], replaces=None) -> int:
     from . import builtin
 
     # -p numcheck._process: glibc thresholds for numcheck's float64 temporaries (its docstring)
-    cmd = [sys.executable, "-m", "pytest", *map(str, builtin.suite_files(args.suite)), "-q",
-           "-p", "no:cacheprovider", "-p", "numcheck._process",
+    cmd = [sys.executable, "-m", "pytest", *map(str, builtin.suite_files(args.suite)),
+           "-v" if args.verbose else "-q", "-p", "no:cacheprovider", "-p", "numcheck._process",
            f"--numcheck-cases={args.cases}", *extra]
     if builtin.is_checkout():
         cwd = builtin.suites_dir().parent
     else:
+        from .userconfig import find_config, numcheck_keys
+
         cwd = Path.cwd()
-        ini = _user_ini(cwd)
-        # -c: never an ini file found above site-packages; the suites' own settings by -o
-        cmd += ["--rootdir", str(ini.parent if ini else cwd), "-c", str(ini or os.devnull),
+        ini = find_config(cwd)
+        # No ini file of the user's nor one found above site-packages (their addopts,
+        # filterwarnings, python_functions would apply to the suites): the suites' settings and
+        # the user's numcheck_* keys alone, by -o; relative paths resolve in their rootdir.
+        cmd += ["--rootdir", str(ini.parent if ini else cwd), "-c", os.devnull,
                 "-o", "xfail_strict=true", "-ra"]
+        for key, value in (numcheck_keys(ini) if ini else {}).items():
+            cmd += ["-o", f"{key}={value}"]
     if args.keyword:
         cmd += ["-k", args.keyword]
     if args.device:
@@ -421,7 +414,7 @@ def _run(args: argparse.Namespace) -> int:
     from pathlib import Path
 
     results = Path(args.results).resolve()
-    report = Path(args.report).resolve() if args.report else results.with_name("report.md")
+    report = _report_path(args, results)
     extra = [f"--numcheck-results={results}"] + (["--numcheck-strict"] if args.strict else [])
     if args.shard:
         from .shards import parse
@@ -437,6 +430,19 @@ def _run(args: argparse.Namespace) -> int:
     return rc
 
 
+def _report_path(args: argparse.Namespace, results):
+    """--report (the markdown file; the HTML report goes beside it), default beside the
+    results; UsageError for a .html name, which the HTML report would overwrite."""
+    from pathlib import Path
+
+    report = Path(args.report).resolve() if args.report else results.with_name("report.md")
+    if report.suffix == ".html":
+        raise UsageError(f"--report {args.report}: names the markdown report; the HTML report "
+                         f"is written beside it ({report.with_suffix('.html').name} of a .md "
+                         f"name)")
+    return report
+
+
 def _write_report(results, report):
     """The markdown report of a results file (and its plots) at ``report``, and the
     self-contained HTML report beside it (``.html``); returns the records."""
@@ -446,8 +452,8 @@ def _write_report(results, report):
 
     records, prov = read_results(results)
     report.parent.mkdir(parents=True, exist_ok=True)
-    report.write_text(markdown_report(records, prov, plot_path=report))
-    report.with_suffix(".html").write_text(html_report(records, prov))
+    report.write_text(markdown_report(records, prov, plot_path=report), encoding="utf-8")
+    report.with_suffix(".html").write_text(html_report(records, prov), encoding="utf-8")
     return records
 
 
@@ -523,7 +529,7 @@ def _report(args: argparse.Namespace) -> int:
         from .report_html import html_report
         out = Path(args.html)
         out.parent.mkdir(parents=True, exist_ok=True)
-        out.write_text(html_report(*read_results(args.results)))
+        out.write_text(html_report(*read_results(args.results)), encoding="utf-8")
         print(f"wrote {out.resolve()}")
     elif args.out:
         _write_report(args.results, Path(args.out))
@@ -571,8 +577,8 @@ def _merge(args: argparse.Namespace) -> int:
 
     records, prov = merge(args.files)
     results = Path(args.results).resolve()
+    report = _report_path(args, results)
     write_results(results, records, prov)
-    report = Path(args.report).resolve() if args.report else results.with_name("report.md")
     _write_report(results, report)
     lines, failed = summary(records, prov.get("golden_mode", "check"))
     print("\n".join([f"merged {prov['merged_shards']} shards ({len(args.files)} files)", *lines,

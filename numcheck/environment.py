@@ -43,17 +43,12 @@ _CPU_FLAGS = ("avx2", "avx512f", "avx512_bf16", "amx_tile", "amx_bf16")
 _SDPA_BACKENDS = ("MATH", "FLASH_ATTENTION", "EFFICIENT_ATTENTION", "CUDNN_ATTENTION")
 
 # Errors of the environment, not of the kernel under test: (pattern searched in the kernel's error
-# message, finding id, one-line explanation). Each is a finding in docs/findings.md, with the
-# versions and machines it was seen on.
-ENVIRONMENT_FAILURES: tuple[tuple[re.Pattern, str, str], ...] = (
+# message, finding id). Each id is explained by numcheck.findings (`numcheck explain ID`), with
+# the versions and machines it was seen on; docs/findings.md has the measurements.
+ENVIRONMENT_FAILURES: tuple[tuple[re.Pattern, str], ...] = (
     (re.compile(r"pack_vnni2 is only supported when avx512 is supported"),
-     "torch-cpu-flash-bf16-avx2-vnni",
-     "torch's CPU flash SDPA in bf16 under ATEN_CPU_CAPABILITY=avx2 on a CPU with AMX: a torch "
-     "limitation (seen with torch 2.13.0 on an Intel Xeon with AMX); run it under avx512"),
-    (re.compile(r"at::vec.{0,3} has not been declared"),
-     "inductor-cache-across-cpu-capability",
-     "inductor served C++ generated for another ATEN_CPU_CAPABILITY from a shared "
-     "TORCHINDUCTOR_CACHE_DIR (torch 2.13.0); give each capability its own cache folder"),
+     "torch-cpu-flash-bf16-avx2-vnni"),
+    (re.compile(r"at::vec.{0,3} has not been declared"), "inductor-cache-across-cpu-capability"),
 )
 
 
@@ -61,7 +56,7 @@ def known_failure(message: str) -> str | None:
     """The finding id of a documented environment failure whose error message ``message`` is
     (``ENVIRONMENT_FAILURES``: a torch build or machine limitation, not a wrong kernel), else
     None. A case failing this way is the environment's, reported under that id."""
-    for pattern, finding, _ in ENVIRONMENT_FAILURES:
+    for pattern, finding in ENVIRONMENT_FAILURES:
         if pattern.search(message):
             return finding
     return None

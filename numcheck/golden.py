@@ -143,9 +143,6 @@ class GoldenFile:
     rows: dict[tuple, dict] = field(default_factory=dict)
     provenance: dict[str, str] = field(default_factory=dict)
     exists: bool = False
-    # where the rows were read from when not ``path``: a read-only shipped golden beneath the
-    # user's folder (numcheck.session), which a refresh copies to ``path``
-    origin: Path | None = None
 
 
 def _remedy(path: Path) -> str:

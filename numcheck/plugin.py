@@ -12,7 +12,9 @@
 """
 from __future__ import annotations
 
+import contextlib
 import logging
+import time
 from collections import Counter, defaultdict
 from pathlib import Path
 
@@ -43,6 +45,9 @@ class _Run:
         self.golden_error: str = ""
         self.progress = None  # numcheck.progress.Progress on a terminal, else None
         self.progress_shown = 0.0  # when the last progress line was written
+        self.steps_dir = ""  # where training runs report their steps (numcheck.progress)
+        self.heartbeat = None  # set() stops the heartbeat thread
+        self.collection = ""  # a shard's: numcheck.shards.collection_id of what it collected
 
     def add(self, records: list[Record], duration: float) -> None:
         self.records.extend(records)
@@ -153,11 +158,14 @@ def shard(config: pytest.Config) -> tuple[int, int] | None:
 def _selected_part(config: pytest.Config) -> bool:
     """Does the run select part of the case set (-k, -m, a shard)? Golden rows that no case
     of it ran are then not "unused", and --numcheck-prune would delete live rows."""
-    part = bool(config.option.keyword or config.option.markexpr) or shard(config) is not None
+    opt = config.option
+    part = bool(opt.keyword or opt.markexpr or getattr(opt, "deselect", None) or
+                getattr(opt, "lf", False) or (getattr(opt, "maxfail", 0) or 0) > 0 or
+                any("::" in str(a) for a in config.args)) or shard(config) is not None
     if part and _get(config, "prune"):
-        raise pytest.UsageError("--numcheck-prune with -k, -m or a shard would delete the golden "
-                                "rows of every case the selection left out: prune with the "
-                                "whole case set")
+        raise pytest.UsageError("--numcheck-prune with a selection (-k, -m, node ids, --deselect, "
+                                "--lf, -x/--maxfail, a shard) would delete the golden rows of "
+                                "every case it left out: prune with the whole case set")
     return part
 
 
@@ -177,18 +185,11 @@ def _session(config: pytest.Config):
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "cuda: needs a CUDA device; skipped with the reason without one")
     config.addinivalue_line("markers", "slow: long-running; run with --numcheck-slow")
-    # Library noise in every numcheck run's warnings summary, none of it the user's: torch's
-    # own deprecated internals, and numpy's overflow warnings inside Triton's CPU interpreter
-    # (a compiled kernel overflows to inf silently; the verdict judges the inf)
-    config.addinivalue_line("filterwarnings",
-                            "ignore:`torch.jit.script_method` is deprecated:DeprecationWarning")
-    config.addinivalue_line("filterwarnings", "ignore::RuntimeWarning:triton.runtime.interpreter")
     golden_mode(config)  # option conflicts are usage errors before anything runs
     golden_path(config)
     _selected_part(config)
     from . import _triton_interp
     _triton_interp.install_if_interpreting()  # users' Triton kernels in the CPU interpreter
-    _pin_worker_gpu(config)
     config.stash[_KEY] = _Run()
     _start_progress(config)
     _CONFIG.append(config)
@@ -210,7 +211,8 @@ def worker_gpu(worker_id: str, count: int) -> int | None:
 def _pin_worker_gpu(config: pytest.Config) -> None:
     """Under pytest-xdist on a machine with several GPUs, one device per worker: the worker's
     current CUDA device, which "cuda" (the default device and --numcheck-device=cuda) means.
-    An explicit --numcheck-device=cuda:N is left as given."""
+    An explicit --numcheck-device=cuda:N is left as given. Called by the session fixture of
+    numcheck's tests on CUDA only: other test sessions never get a CUDA context from it."""
     wid = getattr(config, "workerinput", {}).get("workerid", "")
     if not wid or ":" in (_get(config, "device") or ""):
         return
@@ -222,24 +224,44 @@ def _pin_worker_gpu(config: pytest.Config) -> None:
         torch.cuda.set_device(idx)
 
 
+# Library noise in a numcheck test's warnings, none of it the user's: torch's own deprecated
+# internals, and numpy's overflow warnings inside Triton's CPU interpreter (a compiled kernel
+# overflows to inf silently; the verdict judges the inf). Only on tests using the fixture.
+_NUMCHECK_ITEM_MARKS = (
+    pytest.mark.filterwarnings("ignore:`torch.jit.script_method` is deprecated:DeprecationWarning"),
+    pytest.mark.filterwarnings("ignore::RuntimeWarning:triton.runtime.interpreter"),
+)
+
+
 class _QuietTorch(logging.Filter):
-    """Keeps torch's own records below WARNING out of a failure's captured log: torch.__trace
-    alone logs ~2000 empty DEBUG lines for one compiled kernel (its structured-trace payloads
-    are for tlparse). ``-v`` keeps them."""
+    """Keeps torch's own records below WARNING out of the captured log of a test that uses
+    numcheck: torch.__trace alone logs ~2000 empty DEBUG lines for one compiled kernel (its
+    structured-trace payloads are for tlparse). ``-v`` keeps them; other tests are untouched."""
+
+    active = False  # set per test: does it use the numcheck fixture?
 
     def filter(self, record: logging.LogRecord) -> bool:
-        return record.levelno >= logging.WARNING or \
+        return not self.active or record.levelno >= logging.WARNING or \
             not (record.name == "torch" or record.name.startswith("torch."))
+
+
+_QUIET = _QuietTorch()
 
 
 def pytest_sessionstart(session: pytest.Session) -> None:
     config = session.config
     handler = getattr(config.pluginmanager.get_plugin("logging-plugin"), "report_handler", None)
     if handler is not None and config.get_verbosity() <= 0:
-        handler.addFilter(_QuietTorch())
+        handler.addFilter(_QUIET)
+
+
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    _QUIET.active = "numcheck" in getattr(item, "fixturenames", ())
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:
+    if _KEY in config.stash:
+        _stop_progress(config)
     if config in _CONFIG:
         _CONFIG.remove(config)
 
@@ -251,7 +273,11 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     part = shard(config)
     if part is not None:
         from . import shards
-        items[:], dropped = shards.select(items, part)
+        collected = shards.collection_id([it.nodeid for it in items])
+        config.stash[_KEY].collection = collected
+        if hasattr(config, "workeroutput"):  # an xdist worker: the controller records it
+            config.workeroutput["numcheck_collection"] = collected
+        items[:], dropped = shards.select(items, part, key=lambda it: it.nodeid)
         config.hook.pytest_deselected(items=dropped)
 
     no_cuda = None if torch.cuda.is_available() else pytest.mark.skip(
@@ -259,6 +285,9 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     no_slow = None if _get(config, "slow") else pytest.mark.skip(
         reason="slow: run with --numcheck-slow")
     for item in items:
+        if "numcheck" in getattr(item, "fixturenames", ()):
+            for mark in _NUMCHECK_ITEM_MARKS:
+                item.add_marker(mark)
         if no_cuda and "cuda" in item.keywords:
             item.add_marker(no_cuda)
         if no_slow and "slow" in item.keywords:
@@ -271,6 +300,8 @@ def _numcheck_golden_session(pytestconfig: pytest.Config):
     # Before any kernel of a numcheck test compiles (a user's own torch.compile included):
     # inductor's cache per CPU capability (numcheck.compiled). Only sessions using numcheck.
     isolate_inductor_cache()
+    if suite_device(pytestconfig).startswith("cuda"):
+        _pin_worker_gpu(pytestconfig)
     return _session(pytestconfig)
 
 
@@ -293,8 +324,8 @@ def numcheck(request: pytest.FixtureRequest, record_property, _numcheck_golden_s
     does the same for one (op, kernel, case) of the built-in suites."""
     from .suite import SuiteContext
 
-    module = Path(str(request.node.fspath)).stem
-    suite = module[5:] if module.startswith("test_") else module
+    from .progress import family_of
+    suite = family_of(str(request.node.fspath))
     return SuiteContext(suite_device(request.config), case_set(request.config),
                         _numcheck_golden_session, record_property, suite, _numcheck_case_memo,
                         verbose=request.config.get_verbosity() > 0)
@@ -307,9 +338,13 @@ _PROGRESS_EVERY = 10.0
 
 def _start_progress(config: pytest.Config) -> None:
     """Progress lines on a terminal (NUMCHECK_PROGRESS=1 forces them, =0 turns them off);
-    never in an xdist worker, never into a file or pipe."""
+    never in an xdist worker, never into a file or pipe. A line after a test finishes, and from
+    a heartbeat thread while a long test (a training run) keeps the terminal quiet; training
+    steps come through a folder the workers write to (numcheck.progress)."""
     import os
     import sys
+    import tempfile
+    import threading
 
     from .progress import Progress
 
@@ -320,6 +355,29 @@ def _start_progress(config: pytest.Config) -> None:
     run = config.stash[_KEY]
     run.progress = Progress(workers=workers if isinstance(workers, int) else 1)
     run.progress_shown = run.progress.started
+    run.steps_dir = tempfile.mkdtemp(prefix="numcheck-progress-")
+    os.environ["NUMCHECK_PROGRESS_DIR"] = run.steps_dir  # before xdist starts its workers
+    run.heartbeat = threading.Event()
+    threading.Thread(target=_heartbeat, args=(config, run.heartbeat), daemon=True).start()
+
+
+def _heartbeat(config: pytest.Config, stop) -> None:
+    run = config.stash[_KEY]
+    while not stop.wait(1.0):
+        if run.progress.families and time.monotonic() - run.progress_shown >= _PROGRESS_EVERY:
+            _write_progress(config)
+
+
+def _stop_progress(config: pytest.Config) -> None:
+    import os
+    import shutil
+
+    run = config.stash[_KEY]
+    if run.progress is None:
+        return
+    run.heartbeat.set()
+    os.environ.pop("NUMCHECK_PROGRESS_DIR", None)
+    shutil.rmtree(run.steps_dir, ignore_errors=True)
 
 
 def pytest_collection_finish(session: pytest.Session) -> None:
@@ -329,25 +387,38 @@ def pytest_collection_finish(session: pytest.Session) -> None:
 
 
 @pytest.hookimpl(optionalhook=True)
+def pytest_testnodedown(node, error) -> None:
+    collected = getattr(node, "workeroutput", {}).get("numcheck_collection")
+    if collected and _CONFIG:
+        _CONFIG[-1].stash[_KEY].collection = collected
+
+
+@pytest.hookimpl(optionalhook=True)
 def pytest_xdist_node_collection_finished(node, ids: list[str]) -> None:
     if _CONFIG and _CONFIG[-1].stash[_KEY].progress is not None:
         _CONFIG[-1].stash[_KEY].progress.collected(list(ids))
 
 
 def _show_progress(config: pytest.Config, report: pytest.TestReport) -> None:
-    import time
-
     run = config.stash[_KEY]
     run.progress.finished(report.nodeid, report.duration)
-    now = time.monotonic()
-    if now - run.progress_shown >= _PROGRESS_EVERY:
-        run.progress_shown = now
-        tr = config.pluginmanager.get_plugin("terminalreporter")
-        if tr is not None:
-            tw = getattr(tr, "_tw", None)  # under xdist the dots leave the line open
-            if tw is not None and tw.width_of_current_line:
-                tr.write("\n")
-            tr.write_line(run.progress.line())
+    if time.monotonic() - run.progress_shown >= _PROGRESS_EVERY:
+        _write_progress(config)
+
+
+def _write_progress(config: pytest.Config) -> None:
+    run = config.stash[_KEY]
+    run.progress_shown = time.monotonic()
+    tr = config.pluginmanager.get_plugin("terminalreporter")
+    capman = config.pluginmanager.get_plugin("capturemanager")
+    if tr is None:
+        return
+    # in one process a test may be running, its output captured: the line goes past that
+    with capman.global_and_fixture_disabled() if capman else contextlib.nullcontext():
+        tw = getattr(tr, "_tw", None)  # under xdist the dots leave the line open
+        if tw is not None and tw.width_of_current_line:
+            tr.write("\n")
+        tr.write_line(run.progress.line())
 
 
 @pytest.hookimpl(tryfirst=True)
@@ -375,10 +446,12 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     from . import environment
     from .errors import UsageError
 
-    run.idle = [op for op, c in run.by_op.items()
-                if not sum(n for st, n in c.items() if st != Status.SKIPPED)]
+    from .shards import idle_ops
+    run.idle = idle_ops(run.records)
     # a shard's ops may have run elsewhere: rule 11 is numcheck merge's (numcheck.shards)
     failed = bool(run.idle) and shard(config) is None
+    if shard(config) is not None and session.exitstatus == pytest.ExitCode.NO_TESTS_COLLECTED:
+        session.exitstatus = pytest.ExitCode.OK  # a share can be empty; merge judges the run
     prov = environment.provenance(suite_device(config))
     try:
         if run.records:
@@ -395,7 +468,9 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
         part = shard(config)
         write_results(results, run.records, {**prov, "golden_mode": golden_mode(config),
                                              "case_set": case_set(config),
-                                             **({"shard": "%d/%d" % part} if part else {})})
+                                             **({"shard": "%d/%d" % part,
+                                                 "collection": run.collection}
+                                                if part else {})})
         run.finish_lines.append(f"results: {results} ({len(run.records)} records)")
     if run.golden_error:
         session.exitstatus = pytest.ExitCode.USAGE_ERROR

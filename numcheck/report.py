@@ -91,8 +91,8 @@ def worst_cases(records: list[Record], per_op: int) -> dict[str, list[tuple[floa
     by_op: dict[str, list] = {}
     for r in records:
         k, b = r.kernel_stats, r.baseline_stats
-        if k is None or b is None or not b.rel_l2 or not math.isfinite(k.rel_l2) or \
-                not math.isfinite(b.rel_l2):
+        if k is None or b is None or k.rel_l2 is None or not b.rel_l2 or \
+                not math.isfinite(k.rel_l2) or not math.isfinite(b.rel_l2):
             continue
         by_op.setdefault(r.op, []).append((k.rel_l2 / b.rel_l2, r))
     return {op: sorted(by_op[op], key=lambda t: -t[0])[:per_op] for op in sorted(by_op)}

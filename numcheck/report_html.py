@@ -3,7 +3,8 @@ font, no image or anything else fetched), readable offline and attachable to a C
 
 Sections: summary (counts by status and golden verdict, provenance, case sets), failures (every
 record that fails the run in the results file's golden mode, with its reasons, repro command and
-error histogram), worst cases per op, quantization SQNR heatmaps, convergence curves, kernel
+error histogram; past FULL_FAILURES one table row each), worst cases per op, quantization SQNR
+heatmaps (worst case per path x distribution), convergence curves, kernel
 fingerprints and telemetry. A section without data is left out; failures says "none".
 Torch-free, like every reader of results files. docs/report.md shows what each section holds.
 """
@@ -20,6 +21,10 @@ from .report import worst_cases
 __all__ = ["html_report"]
 
 WORST_PER_OP = 3
+# Failing records shown in full; past these, one table row each: a first strict run on a new
+# device class fails every record as "missing", thousands of them.
+FULL_FAILURES = 200
+REASON_CHARS = 200  # a reason in that table is cut here
 # Line colours of the convergence curves (matplotlib's tab10: distinct, print-safe); past ten
 # recipes the colours repeat dashed.
 PALETTE = ("#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2",
@@ -60,8 +65,10 @@ def _e(x) -> str:
 
 
 def _num(x, fmt: str = ".1f") -> str:
-    if x is None or (isinstance(x, float) and math.isnan(x)):
-        return "-"
+    """A statistic as shown: a dash where it was not measured (None: a field a producer or an
+    older results file leaves empty) or is NaN."""
+    if x is None or x != x:  # NaN: the one value unequal to itself
+        return "\u2014"  # an em dash
     if isinstance(x, float) and math.isinf(x):
         return "inf" if x > 0 else "-inf"
     return format(x, fmt)
@@ -120,7 +127,24 @@ def _failures(records: list[Record], mode: str) -> Section:
     if not bad:
         return "failures", "Failures", \
             '<p class="note">None: no failures and no golden regressions.</p>'
-    return "failures", f"Failures ({len(bad)})", "\n".join(map(_failure, bad))
+    full, rest = bad[:FULL_FAILURES], bad[FULL_FAILURES:]
+    body = "\n".join(map(_failure, full))
+    if rest:
+        rows = [[_label(r), _badge(r.status), _badge(r.golden) if r.golden else "",
+                 _e(_clip(" | ".join(filter(None, (r.reason, r.golden_reason)))))]
+                for r in rest]
+        body = (f"<p>{len(bad)} failing records: the first {len(full)} in full, the other "
+                f"{len(rest)} one row each below.</p>{body}<h3>The other {len(rest)}</h3>"
+                + _table(["record", "status", "golden", "reason"], rows))
+    return "failures", f"Failures ({len(bad)})", body
+
+
+def _label(r: Record) -> str:
+    return f"{_e(r.op)}/{_e(r.kernel)} <code>{_e(r.case_id)}</code> {_e(r.output)}"
+
+
+def _clip(text: str, n: int = REASON_CHARS) -> str:
+    return text if len(text) <= n else text[:n - 1] + "\u2026"  # an ellipsis
 
 
 def _failure(r: Record) -> str:
@@ -131,9 +155,9 @@ def _failure(r: Record) -> str:
                       else str(r.golden)))
     if k is not None:
         items.append(("error", f"SQNR {_num(k.sqnr_db)} dB (baseline "
-                               f"{_num(b.sqnr_db) if b else '-'} dB), worst block "
-                               f"{_num(k.min_block_sqnr_db)} dB, max {k.max_ulp} ULP, p99 "
-                               f"{k.p99_ulp} ULP of {k.fmt}"))
+                               f"{_num(b.sqnr_db if b else None)} dB), worst block "
+                               f"{_num(k.min_block_sqnr_db)} dB, max {_num(k.max_ulp, '.0f')} "
+                               f"ULP, p99 {_num(k.p99_ulp, '.0f')} ULP of {k.fmt}"))
     items += [("worst elements", r.worst_elements), ("numerics", r.numerics),
               ("inputs saved", r.saved_inputs)]
     dl = "".join(f"<dt>{name}</dt><dd>{_e(v)}</dd>" for name, v in items if v)
@@ -141,19 +165,19 @@ def _failure(r: Record) -> str:
              else '<p class="note">No repro command recorded.</p>')
     tb = (f"<details><summary>traceback</summary><pre>{_e(r.traceback)}</pre></details>"
           if r.traceback else "")
-    return (f'<article class="failure"><h3>{_e(r.op)}/{_e(r.kernel)} <code>{_e(r.case_id)}'
-            f'</code> {_e(r.output)} {_badge(r.status)}</h3><dl>{dl}</dl>{repro}'
-            f"{_histogram(r)}{tb}</article>")
+    return (f'<article class="failure"><h3>{_label(r)} {_badge(r.status)}</h3><dl>{dl}</dl>'
+            f"{repro}{_histogram(r)}{tb}</article>")
 
 
 def _histogram(r: Record) -> str:
     k = r.kernel_stats
     if r.ulp_hist is None or k is None:
         return f'<p class="note">No error histogram: {_no_histogram_reason(r)}.</p>'
-    mismatch = k.nonfinite_mismatch
+    mismatch = k.nonfinite_mismatch if isinstance(k.nonfinite_mismatch, int) else 0
     return (f'<figure class="hist">{_histogram_svg(r.ulp_hist, mismatch)}<figcaption>'
             f"Elements per |error| in ULPs of {_e(k.fmt)} (bar heights log-scaled): "
-            f"{k.n_compared} compared, {mismatch} non-finite mismatches.</figcaption></figure>")
+            f"{_num(k.n_compared, '.0f')} compared, {_num(mismatch, '.0f')} non-finite "
+            f"mismatches.</figcaption></figure>")
 
 
 def _no_histogram_reason(r: Record) -> str:
@@ -161,8 +185,10 @@ def _no_histogram_reason(r: Record) -> str:
         return "the kernel gave no output to measure"
     if r.series is not None:
         return "a convergence record holds a loss curve, not element errors"
-    if r.status == Status.PASSED:
-        return "the case passed its own rules (histograms are recorded where a rule fails)"
+    if r.status == Status.PASSED:  # failing on its golden alone
+        rerun = "rerun its repro" if r.repro else "rerun the case"
+        return (f"the case passed its rules and fails on its golden ({_e(r.golden)}); "
+                f"{rerun} to see the errors (histograms are recorded where a rule fails)")
     return "none recorded (a results file from an older numcheck, or a producer that records none)"
 
 
@@ -212,7 +238,9 @@ def _histogram_svg(hist: list[int], mismatch: int) -> str:
 
 def _worst(records: list[Record]) -> Section | None:
     """As the markdown report ranks them: kernel error over the baseline's (rel_l2 ratio)."""
-    worst = worst_cases(records, WORST_PER_OP)
+    # worst_cases takes a kernel rel_l2 for a number: one not measured (None) has no ratio
+    worst = worst_cases([r for r in records if r.kernel_stats is None or
+                         r.kernel_stats.rel_l2 is not None], WORST_PER_OP)
     if not worst:
         return None
     rows = []
@@ -222,7 +250,7 @@ def _worst(records: list[Record]) -> Section | None:
             rows.append([_e(op), _e(r.kernel), f"<code>{_e(r.case_id)}</code>", _e(r.output),
                          _badge(r.status), *(f'<td class="num">{v}</td>' for v in (
                              _num(k.sqnr_db), _num(b.sqnr_db), _num(k.min_block_sqnr_db),
-                             k.max_ulp, f"{ratio:.2f}"))])
+                             _num(k.max_ulp, ".0f"), f"{ratio:.2f}"))])
     note = ("<p>The worst cases of each op: kernel error over the same-precision baseline's "
             "(rel_l2 ratio; 1 = as good as the naive baseline, the absolute gate is 2x + "
             "floor).</p>")
@@ -241,16 +269,39 @@ _QUANT_GRIDS = {
 }
 
 
-def _quant(records: list[Record]) -> Section | None:
+def _quant(records: list[Record], mode: str) -> Section | None:
     quant = [r for r in records if r.family == "quant" and r.kernel_stats is not None]
-    grids = [_heatmap(op, [r for r in quant if r.op == op])
+    grids = [_heatmap(op, [r for r in quant if r.op == op], mode)
              for op in sorted({r.op for r in quant})]
     if not grids:
         return None
     return ("quant", "Quantization: SQNR (dB) by format x input distribution",
-            "<p>Cell colour: red = lowest SQNR of the grid, green = highest; a red "
-            "outline and FAIL mark a record that failed its floor. Bottom row: the BF16 "
-            "yardstick on the same inputs.</p>" + "".join(grids))
+            "<p>A cell holds every record of its quantization path on that distribution (seeds, "
+            "shapes, axes) and shows their lowest SQNR: the worst case. Cell colour: red = lowest "
+            "SQNR of the grid, green = highest; a red outline and FAIL mark a cell where any "
+            "record fails the run. Bottom row: the BF16 yardstick on the same inputs (its lowest "
+            "SQNR).</p>" + "".join(grids))
+
+
+# Case params that place a quantizer (the axis it scales along) without changing its format:
+# records that differ only in them are one quantization path.
+PLACEMENT_PARAMS = {"dim"}
+
+
+def _path_of(r: Record) -> str:
+    """A heatmap row: the kernel and the params that define the quantization format. One kernel
+    may run every format (an op's torch kernel: fmt=e4m3,granularity=row, ...): without them
+    its formats would share a cell. A param that repeats the kernel (path=<kernel>) adds
+    nothing."""
+    own = [p for p in (r.params or "").split(",")
+           if p and p.partition("=")[0] not in PLACEMENT_PARAMS and p.partition("=")[2] != r.kernel]
+    return " ".join([r.kernel, ",".join(own)]) if own else r.kernel
+
+
+def _lowest_db(stats) -> float:
+    """The lowest SQNR of these ErrorStats (None for a missing side); NaN where none has one."""
+    dbs = [s.sqnr_db for s in stats if s is not None and s.sqnr_db is not None]
+    return min((v for v in dbs if v == v), default=math.nan)
 
 
 def _heat_colour(v: float, lo: float, hi: float) -> str:
@@ -260,32 +311,32 @@ def _heat_colour(v: float, lo: float, hi: float) -> str:
     return f"hsl({120 * t:.0f},70%,78%)"
 
 
-def _heatmap(op: str, records: list[Record]) -> str:
+def _heatmap(op: str, records: list[Record], mode: str) -> str:
     what, against, yardstick = _QUANT_GRIDS.get(op, ("kernel", op, "baseline"))
     dists = sorted({r.dist for r in records})
-    kernels = sorted({r.kernel for r in records})
-    by = {(r.kernel, r.dist): r for r in records}
-    finite = [r.kernel_stats.sqnr_db for r in records if math.isfinite(r.kernel_stats.sqnr_db)]
+    cells: dict[tuple[str, str], list[Record]] = {}
+    for r in records:
+        cells.setdefault((_path_of(r), r.dist), []).append(r)
+    worst = {key: _lowest_db(r.kernel_stats for r in rs) for key, rs in cells.items()}
+    finite = [v for v in worst.values() if math.isfinite(v)]
     lo, hi = (min(finite), max(finite)) if finite else (0.0, 0.0)
     rows = []
-    for kern in kernels:
-        cells = [f"<th>{_e(kern)}</th>"]
+    for path in sorted({p for p, _ in cells}):
+        row = [f"<th>{_e(path)}</th>"]
         for d in dists:
-            r = by.get((kern, d))
-            if r is None:
-                cells.append('<td class="heat"></td>')
+            rs = cells.get((path, d))
+            if rs is None:
+                row.append('<td class="heat"></td>')
                 continue
-            v = r.kernel_stats.sqnr_db
-            fail = r.status in (Status.FAILED, Status.ERROR)
-            cells.append(f'<td class="heat{" fail" if fail else ""}" data-db="{v!r}" '
-                         f'style="background:{_heat_colour(v, lo, hi)}" '
-                         f'title="{_e(kern)} on {_e(d)}: {_num(v, ".2f")} dB, {_e(r.status)}">'
-                         f'{_num(v)}{" FAIL" if fail else ""}</td>')
-        rows.append("".join(cells))
-    first = {d: next(r for r in records if r.dist == d) for d in dists}
-    yard = [f'<td class="num">{_num(first[d].baseline_stats.sqnr_db)}</td>'
-            if first[d].baseline_stats else "<td></td>" for d in dists]
-    rows.append(f"<th>{yardstick}</th>" + "".join(yard))
+            v, n_fail = worst[path, d], sum(failing(r, mode) for r in rs)
+            row.append(f'<td class="heat{" fail" if n_fail else ""}" data-db="{v!r}" '
+                       f'data-records="{len(rs)}" style="background:{_heat_colour(v, lo, hi)}" '
+                       f'title="{_e(path)} on {_e(d)}: {len(rs)} record(s), {n_fail} failing; '
+                       f'lowest SQNR {_num(v, ".2f")} dB">{_num(v)}'
+                       f'{" FAIL" if n_fail else ""}</td>')
+        rows.append("".join(row))
+    yard = [_lowest_db(r.baseline_stats for r in records if r.dist == d) for d in dists]
+    rows.append(f"<th>{yardstick}</th>" + "".join(f'<td class="num">{_num(v)}</td>' for v in yard))
     head = "".join(f"<th>{_e(d)}</th>" for d in dists)
     return (f"<h3>{_e(op)}: {_e(against)}</h3>"
             f'<table class="heatmap" data-op="{_e(op)}"><thead><tr><th>{_e(what)}</th>{head}'
@@ -427,12 +478,14 @@ def html_report(records: list[Record], provenance: dict, *, title: str | None = 
     title = title or f"numcheck report: {provenance.get('device_class', '?')} " \
                      f"{provenance.get('date', '')}".rstrip()
     sections = [s for s in (_summary(records, provenance, mode), _failures(records, mode),
-                            _worst(records), _quant(records), _convergence(records),
+                            _worst(records), _quant(records, mode), _convergence(records),
                             _fingerprints(records), _telemetry(records)) if s]
     nav = " ".join(f'<a href="#{sid}">{_e(heading)}</a>' for sid, heading, _ in sections)
     body = "\n".join(f'<section id="{sid}"><h2>{_e(heading)}</h2>\n{html}\n</section>'
                      for sid, heading, html in sections)
+    # ASCII, non-ASCII as character references: the CLI writes the page in the locale's encoding
     return (f'<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8">'
             f'<meta name="viewport" content="width=device-width, initial-scale=1">'
             f"<title>{_e(title)}</title><style>{_CSS}</style></head>\n<body><h1>{_e(title)}</h1>"
-            f"<nav>{nav}</nav>\n{body}\n</body></html>\n")
+            f"<nav>{nav}</nav>\n{body}\n</body></html>\n").encode(
+                "ascii", "xmlcharrefreplace").decode("ascii")

@@ -2,14 +2,19 @@
 
 What it writes, relative to the repository's root:
 
-* the ini keys (``KEYS``) into the configuration file pytest reads there, found in pytest's own
-  order (pytest.toml, pytest.ini, pyproject.toml, tox.ini, setup.cfg); without one, a new
-  ``[tool.pytest.ini_options]`` table in pyproject.toml, else a new pytest.ini;
+* the ini keys (``KEYS``) into the configuration file pytest reads for runs there
+  (numcheck.userconfig.find_config: pytest's own lookup, upwards up to the git work tree's top,
+  so that in a monorepo package it is the repository's file, not a new one that would shadow
+  it); without one, a new ``[tool.pytest.ini_options]`` table in root's pyproject.toml, else a
+  new pytest.ini;
 * ``.github/workflows/numcheck.yml``: a CPU job on GitHub's runners and a GPU job on a
-  self-hosted runner labelled ``gpu``, both ``pytest --numcheck-strict``;
+  self-hosted runner labelled ``gpu``, both ``pytest --numcheck-strict``, both installing
+  numcheck from the workflow's ``NUMCHECK_SPEC`` (numcheck_spec: where this numcheck was
+  installed from when that is a URL, else ``numcheck==<version>``; init says which);
 * the ``.gitattributes`` line ``*.parquet diff=numcheck`` and, in a git repository, the
   per-clone ``git config diff.numcheck.textconv "numcheck show"`` (docs/goldens.md);
-* a first test, ``tests/test_numcheck_example.py`` (under the first ``testpaths`` entry if set).
+* a first test, ``tests/test_numcheck_example.py`` (under the first ``testpaths`` entry in
+  root if set).
 
 A rerun changes no byte. numcheck's own files (the workflow, the example test) are overwritten
 only with ``force``; shared files (the pytest configuration, .gitattributes) only ever get lines
@@ -20,18 +25,16 @@ it was. Files are read and written as bytes so that CRLF files keep their line e
 from __future__ import annotations
 
 import copy
+import json
+import os
 import re
 import shutil
 import subprocess
 from pathlib import Path
 
 from .errors import UsageError
+from .userconfig import Config, find_config, load_config
 from .version import __version__
-
-try:
-    import tomllib
-except ModuleNotFoundError:  # Python 3.10: pytest itself requires tomli there
-    import tomli as tomllib
 
 Action = tuple[str, str]
 
@@ -44,31 +47,25 @@ WORKFLOW = ".github/workflows/numcheck.yml"
 _ATTRIBUTE = "*.parquet diff=numcheck"
 _KEYS_COMMENT = "# numcheck: golden folder, results file, case set (quick|full); see pytest --help"
 
-# The files pytest reads its configuration from, in its own order of precedence
-# (_pytest.config.findpaths, pytest 9): the first that holds pytest configuration is the one pytest
-# reads, so it is the one to edit. (file, table, TOML?); pytest.toml and pytest.ini count even
-# without their table. In pyproject.toml a native [tool.pytest] table wins over ini_options.
-_CONFIGS = [("pytest.toml", "pytest", True), (".pytest.toml", "pytest", True),
-            ("pytest.ini", "pytest", False), (".pytest.ini", "pytest", False),
-            ("pyproject.toml", "tool.pytest.ini_options", True),
-            ("tox.ini", "pytest", False), ("setup.cfg", "tool:pytest", False)]
-
 
 def init_project(root: str | Path, *, force: bool = False) -> list[Action]:
     """Set numcheck up in the repository at ``root``; one (action, what) per item: ``wrote``,
     ``updated`` (keys added to an existing file), ``replaced`` (force), ``kept`` (differs; left
-    as is), ``unchanged``, ``configured`` / ``skipped`` (the git textconv driver).
+    as is), ``unchanged``, ``configured`` / ``skipped`` (the git textconv driver), and ``check``
+    (after a written workflow: its NUMCHECK_SPEC, to review).
     UsageError when ``root`` is not a folder or a configuration file cannot be parsed."""
     root = Path(root)
     if not root.is_dir():
         raise UsageError(f"{root}: not a folder (numcheck init --root: the repository's root)")
-    cfg_action, cfg_write, settings = _plan_config(root)
+    root = root.resolve()  # the folders above it are searched, and compared with git's top
+    cfg_action, cfg_write, settings, cfg_dir = _plan_config(root)
     value = {k: str(settings.get(k, v)) for k, v in KEYS.items()}  # a user's own value stays
+    spec, why = numcheck_spec()
     plans = [(cfg_action, cfg_write),
              _plan_owned(root, WORKFLOW, _workflow(value["numcheck_golden_dir"],
-                                                   value["numcheck_results"]), force),
+                                                   value["numcheck_results"], spec), force),
              _plan_gitattributes(root)]
-    example = f"{_test_dir(settings.get('testpaths'))}/{EXAMPLE}"
+    example = f"{_test_dir(settings.get('testpaths'), cfg_dir, root)}/{EXAMPLE}"
     plans.append(_plan_owned(root, example, EXAMPLE_TEST, force))
     for _, write in plans:
         if write is not None:
@@ -76,8 +73,11 @@ def init_project(root: str | Path, *, force: bool = False) -> list[Action]:
             path.parent.mkdir(parents=True, exist_ok=True)
             path.write_bytes(text.encode("utf-8"))
     actions = [a for a, _ in plans]
+    if plans[1][1] is not None:  # the workflow was written: say where it installs numcheck from
+        actions.insert(2, ("check", f"NUMCHECK_SPEC in {WORKFLOW}: {spec} ({why})"))
     # the git setting is reported beside .gitattributes, whose line it serves
-    return actions[:3] + [_git_textconv(root, force)] + actions[3:]
+    at = len(actions) - 1
+    return actions[:at] + [_git_textconv(root, force)] + actions[at:]
 
 
 def render(actions: list[Action]) -> str:
@@ -156,49 +156,35 @@ def _git_textconv(root: Path, force: bool) -> Action:
 
 # --- the pytest configuration ------------------------------------------------------------------
 
-def _parse(path: Path, text: str, toml: bool) -> dict:
-    """The file as nested dicts (TOML), or {section: {key: value}} (ini, parsed by iniconfig as
-    pytest parses it). UsageError naming the file when it cannot be parsed."""
-    import iniconfig
+def _git_top(root: Path) -> Path | None:
+    """The top of the git work tree around ``root``; None outside one or without git."""
+    git = shutil.which("git")
+    if git is None:
+        return None
+    done = subprocess.run([git, "-C", str(root), "rev-parse", "--show-toplevel"],
+                          capture_output=True, text=True)
+    top = done.stdout.strip()
+    return Path(top).resolve() if done.returncode == 0 and top else None
 
-    try:
-        if toml:
-            return tomllib.loads(text)
-        return {s.name: dict(s.items()) for s in iniconfig.IniConfig(str(path), data=text)}
-    except (tomllib.TOMLDecodeError, iniconfig.ParseError) as e:
-        raise UsageError(f"{path}: cannot parse it ({e}); fix it and rerun numcheck init") from e
+
+def _config_of(root: Path) -> Config:
+    """The file to edit (it may not exist yet): the one pytest reads for runs in ``root``, found
+    upwards up to the git work tree's top (the filesystem's root outside git), so that a
+    monorepo package's keys go into the configuration its runs already use rather than into a
+    new file there that would shadow it. Without one: root's pyproject.toml (a new table), else
+    a new pytest.ini in root."""
+    found = find_config(root, stop=_git_top(root))
+    if found is not None:
+        config = load_config(found)
+        # a pyproject.toml without a pytest table counts only in root: pytest's fallback, not
+        # configuration that a new file would shadow
+        if config.is_pytest_config or found.parent == root:
+            return config
+    return Config(root / "pytest.ini", False, "pytest", {}, None)
 
 
 def _path(table: str, toml: bool) -> list[str]:
     return table.split(".") if toml else [table]
-
-
-def _get(doc: dict, table: str, toml: bool) -> dict | None:
-    for name in _path(table, toml):
-        doc = doc.get(name) if isinstance(doc, dict) else None
-    return doc if isinstance(doc, dict) else None
-
-
-def _find_config(root: Path) -> tuple[Path, str, bool, dict]:
-    """The file pytest reads (it may not exist yet), its table and parsed content."""
-    for name, table, toml in _CONFIGS:
-        path = root / name
-        if not path.is_file():
-            continue
-        doc = _parse(path, _read(path), toml)
-        if name == "pyproject.toml":
-            pytest_table = _get(doc, "tool.pytest", True) or {}
-            if set(pytest_table) - {"ini_options"}:
-                return path, "tool.pytest", True, doc
-            if "ini_options" not in pytest_table:
-                continue  # no pytest configuration: pytest looks on (tox.ini, setup.cfg)
-        elif name in ("tox.ini", "setup.cfg") and _get(doc, table, toml) is None:
-            continue
-        return path, table, toml, doc
-    pyproject = root / "pyproject.toml"
-    if pyproject.is_file():
-        return pyproject, "tool.pytest.ini_options", True, _parse(pyproject, _read(pyproject), True)
-    return root / "pytest.ini", "pytest", False, {}
 
 
 def _region(lines: list[str], table: str, toml: bool) -> tuple[int, int] | None:
@@ -217,13 +203,18 @@ def _region(lines: list[str], table: str, toml: bool) -> tuple[int, int] | None:
 
 
 def _plan_config(root: Path):
-    path, table, toml, doc = _find_config(root)
-    existing = _get(doc, table, toml)
+    """(action, write, settings, folder): ``settings`` the pytest section's keys after the edit,
+    ``folder`` the configuration file's (pytest's rootdir, which its testpaths are under)."""
+    config = _config_of(root)
+    path, table, toml, doc = config.path, config.table, config.toml, config.doc
+    existing = config.section
     have = existing or {}
     missing = {k: v for k, v in KEYS.items() if k not in have}
-    rel = f"{path.name} [{table}]"
+    rel = f"{os.path.relpath(path, root)} [{table}]"
+    if path.parent != root:
+        rel += f" (pytest's configuration for runs in {root.name or root})"
     if not missing:
-        return ("unchanged", f"{rel}: {', '.join(KEYS)}"), None, have
+        return ("unchanged", f"{rel}: {', '.join(KEYS)}"), None, have, path.parent
     new_lines = [_KEYS_COMMENT] + [f"{k} = {_quote(v) if toml else v}" for k, v in missing.items()]
     text = _read(path) if path.exists() else ""
     lines = text.splitlines(keepends=True)
@@ -247,10 +238,10 @@ def _plan_config(root: Path):
     for name in _path(table, toml):
         node = node.setdefault(name, {})
     node.update(missing)
-    if _parse(path, new, toml) != want:
+    if load_config(path, new).doc != want:
         raise UsageError(_by_hand(path, table, new_lines, "adding them as text would change it"))
     action = "updated" if path.exists() else "wrote"
-    return (action, f"{rel}: {', '.join(missing)}"), (path, new), {**have, **missing}
+    return (action, f"{rel}: {', '.join(missing)}"), (path, new), {**have, **missing}, path.parent
 
 
 def _quote(value: str) -> str:
@@ -263,29 +254,80 @@ def _by_hand(path: Path, table: str, lines: list[str], why: str) -> str:
             f"[{table}] by hand and rerun numcheck init:\n" + "\n".join(lines))
 
 
-def _test_dir(testpaths) -> str:
+def _test_dir(testpaths, base: Path, root: Path) -> str:
     """The first plain folder of pytest's testpaths (a list, or a whitespace-separated string
-    in ini files), else tests."""
+    in ini files; relative to ``base``, the configuration file's folder) that lies in ``root``,
+    as a path relative to root; else tests."""
     entries = testpaths.split() if isinstance(testpaths, str) else list(testpaths or [])
     for entry in entries:
         entry = str(entry).strip().rstrip("/")
         if entry.startswith("./"):
             entry = entry[2:]
-        if entry and entry not in (".", "..") and not re.search(r"[*?\[]", entry) \
-                and not Path(entry).is_absolute() and not entry.endswith(".py"):
+        if not entry or entry in (".", "..") or re.search(r"[*?\[]", entry) \
+                or Path(entry).is_absolute() or entry.endswith(".py"):
+            continue
+        if base == root:
             return entry
+        where = Path(os.path.normpath(base / entry))
+        if root in where.parents:  # a parent's configuration: its testpaths inside root only
+            return where.relative_to(root).as_posix()
     return "tests"
 
 
 # --- templates -----------------------------------------------------------------------------------
 
-def _workflow(golden_dir: str, results: str) -> str:
+def _workflow(golden_dir: str, results: str, spec: str) -> str:
     return (_WORKFLOW.replace("@VERSION@", __version__).replace("@GOLDEN_DIR@", golden_dir)
-            .replace("@RESULTS@", results))
+            .replace("@RESULTS@", results).replace("@SPEC@", json.dumps(spec)))
 
 
-# @GOLDEN_DIR@ / @RESULTS@: the ini keys' values at init time; placeholders, not str.format,
-# because GitHub's ${{ }} expressions are full of braces.
+_SPEC_HINT = "set it to a version on your CI's index, a wheel URL, or git+https://...@tag"
+
+
+def numcheck_spec() -> tuple[str, str]:
+    """(spec, why): what the workflow's jobs ``pip install`` for numcheck, and why that: see
+    spec_for, for this installation of numcheck."""
+    return spec_for(_direct_url())
+
+
+def spec_for(direct_url: str | None) -> tuple[str, str]:
+    """(spec, why) for a numcheck installed with ``direct_url`` (the text of PEP 610's
+    direct_url.json, which pip records; None: none). Installed from a URL that is not a local
+    file: that URL (``numcheck @ URL``, ``numcheck @ git+URL@revision``); else the pin
+    ``numcheck==<this version>``, which only an index that hosts numcheck serves."""
+    pin = f"numcheck=={__version__}"
+    try:
+        info = json.loads(direct_url) if direct_url else None
+    except ValueError:
+        info = None
+    url = info.get("url") if isinstance(info, dict) else None
+    if not isinstance(url, str) or not url:
+        return pin, f"numcheck {__version__} must be on your CI's package index; else {_SPEC_HINT}"
+    if url.startswith("file:"):
+        return pin, (f"this numcheck was installed from a local path, {url}, which CI cannot "
+                     f"reach: {_SPEC_HINT}")
+    vcs = info.get("vcs_info")
+    if isinstance(vcs, dict) and vcs.get("vcs"):
+        revision = vcs.get("requested_revision") or vcs.get("commit_id")
+        url = f"{vcs['vcs']}+{url}" + (f"@{revision}" if revision else "")
+    if info.get("subdirectory"):
+        url += f"#subdirectory={info['subdirectory']}"
+    return f"numcheck @ {url}", "where this numcheck was installed from; check CI can reach it"
+
+
+def _direct_url() -> str | None:
+    """This numcheck's direct_url.json (PEP 610), None without one or an installation."""
+    from importlib import metadata
+
+    try:
+        return metadata.distribution("numcheck").read_text("direct_url.json")
+    except (metadata.PackageNotFoundError, OSError):
+        return None
+
+
+# @GOLDEN_DIR@ / @RESULTS@: the ini keys' values at init time, @SPEC@ numcheck_spec()'s as a
+# YAML (JSON) string; placeholders, not str.format, because GitHub's ${{ }} expressions are full
+# of braces.
 _WORKFLOW = """\
 # numcheck: this repository's kernels against FP64 references and the committed goldens.
 # Written by `numcheck init` (numcheck @VERSION@); edit it freely: numcheck init keeps a changed
@@ -296,6 +338,10 @@ _WORKFLOW = """\
 # of that class and commit them, or run this workflow by hand with "refresh" ticked (Actions >
 # numcheck > Run workflow) and commit the goldens from the job's artifact.
 name: numcheck
+env:
+  # where your numcheck comes from: a version on your index, a wheel URL, or git+https://...@tag
+  # (both jobs `pip install` it; numcheck init chose this one, see its output)
+  NUMCHECK_SPEC: @SPEC@
 on:
   push:
   pull_request:
@@ -324,7 +370,7 @@ jobs:
           python -m pip install torch --index-url https://download.pytorch.org/whl/cpu
           if [ -f requirements.txt ]; then python -m pip install -r requirements.txt; fi
           if [ -f setup.py ] || grep -q '^\\[project\\]' pyproject.toml 2>/dev/null; then python -m pip install -e .; fi
-          python -m pip install "numcheck==@VERSION@"
+          python -m pip install "$NUMCHECK_SPEC"
       - name: pytest
         run: python -m pytest ${{ inputs.refresh && '--numcheck-refresh' || '--numcheck-strict' }} --numcheck-device=cpu
       - name: report
@@ -352,7 +398,7 @@ jobs:
           .venv/bin/python -c "import torch; assert torch.cuda.is_available(), 'this runner has no CUDA build of torch or no GPU'"
           if [ -f requirements.txt ]; then .venv/bin/python -m pip install -r requirements.txt; fi
           if [ -f setup.py ] || grep -q '^\\[project\\]' pyproject.toml 2>/dev/null; then .venv/bin/python -m pip install -e .; fi
-          .venv/bin/python -m pip install "numcheck==@VERSION@"
+          .venv/bin/python -m pip install "$NUMCHECK_SPEC"
       - name: pytest
         run: .venv/bin/python -m pytest ${{ inputs.refresh && '--numcheck-refresh' || '--numcheck-strict' }} --numcheck-device=cuda
       - name: report

@@ -70,9 +70,11 @@ class GoldenSession:
         if mode not in MODES:
             raise UsageError(f"golden mode {mode!r}: use one of {', '.join(MODES)}")
         self.dir = Path(golden_dir)
-        # read-only goldens beneath ``dir`` (an installed package's shipped ones): a suite whose
-        # file ``dir`` lacks is judged against the base's file, and a refresh writes to ``dir``
+        # read-only goldens beneath ``dir`` (an installed package's shipped ones), row by row: a
+        # case without a row in ``dir`` is judged against the base's row; a refresh writes to
+        # ``dir`` only the rows that differ from the base's
         self.base = Path(base_dir) if base_dir is not None else None
+        self._shipped: dict[Path, golden.GoldenFile] = {}
         self.partial = partial  # -k, -m, a shard: rows no case of the run ran are not "unused"
         self.mode = mode
         self.allow_nonfinite = allow_nonfinite
@@ -97,14 +99,21 @@ class GoldenSession:
     def file(self, device_class: str, suite: str) -> golden.GoldenFile:
         path = golden.path_for(self.dir, device_class, suite)
         if path not in self._files:
-            gf = golden.read(path)  # GoldenError (exit 2) on a bad file
-            if not gf.exists and self.base is not None:
-                shipped = golden.read(golden.path_for(self.base, device_class, suite))
-                if shipped.exists:
-                    gf = golden.GoldenFile(path, shipped.rows, shipped.provenance, True,
-                                           origin=shipped.path)
-            self._files[path] = gf
+            self._files[path] = golden.read(path)  # GoldenError (exit 2) on a bad file
+            if self.base is not None:
+                self._shipped[path] = golden.read(golden.path_for(self.base, device_class, suite))
         return self._files[path]
+
+    def _old(self, path: Path, key: tuple) -> dict | None:
+        """The golden row of ``key``: the user's, else the shipped one (``file`` read both)."""
+        row = self._files[path].rows.get(key)
+        if row is None and path in self._shipped:
+            row = self._shipped[path].rows.get(key)
+        return row
+
+    def _where(self, path: Path) -> str:
+        shipped = self._shipped.get(path)
+        return f"{path} or {shipped.path}" if shipped is not None and shipped.exists else str(path)
 
     def judge(self, records: list[Record]) -> list[Change]:
         """Stamp each goldenable record with its golden verdict; returns the changes."""
@@ -114,10 +123,10 @@ class GoldenSession:
                 continue
             row = self._row(r)
             gf = self.file(row["device_class"], row["suite"])
-            ch = compare_row(gf.rows.get(golden.key_of(row)), row, r.family)
+            ch = compare_row(self._old(gf.path, golden.key_of(row)), row, r.family)
             if ch.kind == "new" and self.mode == "strict":
                 ch.kind = "missing"
-                ch.messages = [f"no golden row in {gf.origin or gf.path} (strict: missing "
+                ch.messages = [f"no golden row in {self._where(gf.path)} (strict: missing "
                                f"goldens fail; record them with --numcheck-refresh-new-only "
                                f"and commit)"]
             r.golden, r.golden_reason = Golden(ch.kind), "; ".join(ch.messages)
@@ -149,8 +158,10 @@ class GoldenSession:
             if unused and not self.partial:
                 rep.unused[path] = unused
             here = golden.platform_of(provenance)
-            seen = sorted({p for row in gf.rows.values() for p in golden.platforms_of(row)})
-            if gf.exists and seen and here not in seen:
+            shipped = self._shipped.get(path)
+            seen = sorted({p for g in (gf, shipped) if g is not None
+                           for row in g.rows.values() for p in golden.platforms_of(row)})
+            if seen and here not in seen:
                 rep.isa_notes.append(
                     f"{path}: goldens recorded on {' | '.join(seen)}; this machine is {here} "
                     f"({golden.platform_difference(seen[0], here)}): differences within the "
@@ -161,7 +172,7 @@ class GoldenSession:
             touched = False
             if self.mode in ("refresh", "refresh-new"):
                 for k, row in ran.items():
-                    old = gf.rows.get(k)
+                    old = self._old(path, k)
                     if self.mode == "refresh-new" and old is not None:
                         continue
                     bad = _new_nonfinite(row, old)
@@ -177,10 +188,12 @@ class GoldenSession:
                                            f"{golden.platforms_of(old)}")
                         ch.kind = "merged" if ch.kind in ("same", "drift", "improved") \
                             else ch.kind
-                    rows[k] = row
                     touched = True
                     if old is None or not golden.rows_equal(old, row):
                         rep.changes.append(ch)
+                    elif k not in gf.rows:
+                        continue  # the shipped row holds: the user's file needs no copy
+                    rows[k] = row
             if self.prune and unused:
                 for k in unused:
                     rows.pop(k, None)
@@ -188,13 +201,14 @@ class GoldenSession:
                 rep.unused.pop(path, None)
                 touched = True
             if touched:
-                if golden.write(gf, rows, provenance):
+                if (gf.exists or rows) and golden.write(gf, rows, provenance):
                     rep.written.append(path)
                 else:
                     rep.unchanged.append(path)
-                    if gf.origin is not None:  # say where the goldens are, as nothing was written
-                        rep.isa_notes.append(f"{path}: not written, its rows equal the shipped "
-                                             f"goldens in {gf.origin}")
+                    if shipped is not None and shipped.exists and not gf.exists:
+                        # say where the goldens are, as nothing was written
+                        rep.isa_notes.append(f"{path}: not written, the rows that ran equal "
+                                             f"the shipped goldens in {shipped.path}")
         return rep
 
 

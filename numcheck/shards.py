@@ -1,15 +1,19 @@
 """Shards of a run for CI matrices, and the merge of their results files.
 
 ``--numcheck-shard I/N`` (``numcheck run --shard I/N``) keeps every N-th collected item,
-starting at the I-th: round-robin over the collection order, so each shard gets its share of
-every family (the costly convergence items included), the same in every xdist worker. A case's
-verdict and golden verdict depend on that case alone, so the shards' records together are the
-unsharded run's. Three things need the whole run and move to ``numcheck merge``: DESIGN rule 11
+starting at the I-th, round-robin over the node ids in sorted order: each shard gets its share of
+every family (the costly convergence items included), whatever order plugins collect them in,
+the same in every xdist worker. A case's verdict and golden verdict depend on that case alone,
+so the shards' records together are the unsharded run's, provided every shard collected the
+same tests: each records its collection's id (count and digest of the sorted node ids), and
+``merge`` refuses shards whose collections differ (another selection, another torch, an
+optional library missing on one runner). Three things need the whole run and move to ``numcheck merge``: DESIGN rule 11
 (an op that executed nothing fails), the golden rows no case ran ("unused"), and refresh,
 which a shard refuses (its file would hold only its share).
 """
 from __future__ import annotations
 
+import hashlib
 import re
 from collections import Counter
 from pathlib import Path
@@ -26,12 +30,20 @@ def parse(text: str) -> tuple[int, int]:
     return int(m[1]), int(m[2])
 
 
-def select(items: list, shard: tuple[int, int]) -> tuple[list, list]:
-    """(kept, deselected): the shard's share of ``items``, in their order."""
+def select(items: list, shard: tuple[int, int], key=str) -> tuple[list, list]:
+    """(kept, deselected): the shard's share of ``items`` (by the sorted order of ``key``,
+    a node id), each list in the items' own order."""
     i, n = shard
-    kept = [it for k, it in enumerate(items) if k % n == i - 1]
-    dropped = [it for k, it in enumerate(items) if k % n != i - 1]
-    return kept, dropped
+    order = sorted(range(len(items)), key=lambda k: key(items[k]))
+    mine = {k for pos, k in enumerate(order) if pos % n == i - 1}
+    return ([it for k, it in enumerate(items) if k in mine],
+            [it for k, it in enumerate(items) if k not in mine])
+
+
+def collection_id(nodeids: list[str]) -> str:
+    """What a shard collected before it took its share: equal in every shard of one run."""
+    digest = hashlib.sha256("\n".join(sorted(nodeids)).encode()).hexdigest()[:16]
+    return f"{len(nodeids)} tests {digest}"
 
 
 def idle_ops(records: list[Record]) -> list[str]:
@@ -65,7 +77,7 @@ def merge(paths: list[str | Path]) -> tuple[list[Record], dict[str, str]]:
         if i in by_shard:
             raise UsageError(f"{p} and {by_shard[i][0]} are both shard {i}/{n}")
         first = next(iter(by_shard.values()), None)
-        for k in ("case_set", "golden_mode", "numcheck", "device_class"):
+        for k in ("collection", "case_set", "golden_mode", "numcheck", "torch", "device_class"):
             if first and prov.get(k) != first[2].get(k):
                 raise UsageError(f"{p}: {k} {prov.get(k)!r}, but {first[0]} has "
                                  f"{first[2].get(k)!r}: not shards of one run")

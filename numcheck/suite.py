@@ -59,8 +59,8 @@ _CASES_SHOWN = 5
 
 def format_failures(records: list[Record], *, all_cases: bool = False) -> str:
     """A failure's text: per failing case its label, one line per failing output (the rule
-    and the golden verdict), then the worst output's worst elements, the numerics state and
-    the repro command, which the outputs of a case share. The first ``_CASES_SHOWN`` cases
+    and the golden verdict; a kernel error's first line), then the worst output's worst
+    elements, the numerics state and the repro command, which the outputs of a case share. The first ``_CASES_SHOWN`` cases
     in full unless ``all_cases``, one line each for the rest."""
     by_case: dict[tuple, list[Record]] = {}
     for r in records:
@@ -72,8 +72,8 @@ def format_failures(records: list[Record], *, all_cases: bool = False) -> str:
             lines.append(f"{'/'.join(map(str, key))}: {len(recs)} failing output(s)")
             continue
         lines.append(f"{'/'.join(map(str, key))}:")
-        lines += [f"  {r.output}: {w}" for r, w in zip(recs, why)]
-        worst = recs[0]
+        lines += [f"  {r.output}: {w if all_cases else _first_line(w)}" for r, w in zip(recs, why)]
+        worst = min(recs, key=_rank)
         for key_ in ("worst_elements", "numerics", "saved_inputs", "repro"):
             if getattr(worst, key_):
                 lines.append(f"  {key_}: {getattr(worst, key_)}")
@@ -81,6 +81,19 @@ def format_failures(records: list[Record], *, all_cases: bool = False) -> str:
         lines.append(f"{len(by_case)} failing cases, the first {_CASES_SHOWN} in full "
                      f"(pytest -v: all of them)")
     return "\n".join(lines)
+
+
+def _first_line(text: str) -> str:
+    """A kernel error's text can be a compiler's hundreds of lines: its first, and a count."""
+    head, _, rest = text.partition("\n")
+    return f"{head} ({rest.count(chr(10)) + 1} more lines: pytest -v)" if rest else head
+
+
+def _rank(r: Record) -> tuple:
+    """The output whose diagnostics a case shows: one that has them, the lowest SQNR first."""
+    sqnr = r.kernel_stats.sqnr_db if r.kernel_stats is not None else None
+    return (not (r.worst_elements or r.repro),
+            sqnr if isinstance(sqnr, float) and not math.isnan(sqnr) else math.inf)
 
 
 def _why(r: Record) -> str:

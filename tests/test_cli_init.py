@@ -13,7 +13,9 @@ from pathlib import Path
 import pytest
 
 from numcheck.cli import main
-from numcheck.scaffold import EXAMPLE_TEST, KEYS, WORKFLOW, init_project
+from numcheck import scaffold
+from numcheck.scaffold import EXAMPLE_TEST, KEYS, WORKFLOW, init_project, spec_for
+from numcheck.version import __version__
 
 try:
     import tomllib
@@ -268,7 +270,7 @@ def jobs_of(text: str) -> dict[str, str]:
     structural reading of the 2-space-indented mapping under `jobs:`)."""
     lines = text.splitlines()
     top = [line.split(":")[0] for line in lines if re.match(r"[A-Za-z]", line)]
-    assert top == ["name", "on", "permissions", "jobs"], top
+    assert top == ["name", "env", "on", "permissions", "jobs"], top
     jobs, name = {}, None
     for line in lines[lines.index("jobs:") + 1:]:
         m = re.match(r"  ([\w-]+):$", line)
@@ -281,8 +283,9 @@ def jobs_of(text: str) -> dict[str, str]:
     return jobs
 
 
-def test_workflow_has_a_cpu_job_and_a_self_hosted_gpu_job(tmp_path):
-    init_project(tmp_path)
+def test_workflow_has_a_cpu_job_and_a_self_hosted_gpu_job(tmp_path, monkeypatch):
+    monkeypatch.setattr(scaffold, "_direct_url", lambda: None)  # as from an index
+    actions = init_project(tmp_path)
     text = (tmp_path / WORKFLOW).read_text()
     assert "\t" not in text  # YAML indents with spaces only
     for line in text.splitlines():
@@ -294,13 +297,125 @@ def test_workflow_has_a_cpu_job_and_a_self_hosted_gpu_job(tmp_path):
     assert "--index-url https://download.pytorch.org/whl/cpu" in jobs["cpu"]
     assert "runs-on: [self-hosted, gpu]" in jobs["gpu"]
     assert "--numcheck-device=cuda" in jobs["gpu"]
+    # one marked place says where numcheck comes from; both jobs install that
+    env = text[text.index("\nenv:\n") + 1:text.index("\non:\n") + 1]
+    assert "# where your numcheck comes from: a version on your index, a wheel URL, or " \
+           "git+https://...@tag" in env
+    assert f'  NUMCHECK_SPEC: "numcheck=={__version__}"\n' in env
+    assert text.count("$NUMCHECK_SPEC") == 2 and "numcheck==" not in text.replace(env, "")
+    assert ("check", f"NUMCHECK_SPEC in {WORKFLOW}: numcheck=={__version__} (numcheck "
+                     f"{__version__} must be on your CI's package index; else set it to a "
+                     "version on your CI's index, a wheel URL, or git+https://...@tag)") in actions
     for job in jobs.values():
-        assert "'--numcheck-strict'" in job and "pip install \"numcheck==" in job
+        assert "'--numcheck-strict'" in job and 'pip install "$NUMCHECK_SPEC"' in job
         assert "actions/upload-artifact" in job and "results/numcheck-results.parquet" in job
     try:
         import yaml
     except ImportError:
         return
     doc = yaml.safe_load(text)
+    assert doc["env"] == {"NUMCHECK_SPEC": f"numcheck=={__version__}"}
     assert doc["jobs"]["gpu"]["runs-on"] == ["self-hosted", "gpu"]
     assert doc["jobs"]["cpu"]["runs-on"] == "ubuntu-latest"
+
+
+@pytest.mark.parametrize("direct_url, spec", [
+    (None, f"numcheck=={__version__}"),
+    ("not json", f"numcheck=={__version__}"),
+    ('{"url": "file:///home/me/numcheck", "dir_info": {"editable": true}}',
+     f"numcheck=={__version__}"),
+    ('{"url": "file:///tmp/numcheck-0.1.0-py3-none-any.whl", "archive_info": {}}',
+     f"numcheck=={__version__}"),
+    ('{"url": "https://example.org/numcheck-0.1.0-py3-none-any.whl", "archive_info": '
+     '{"hashes": {"sha256": "00"}}}',
+     "numcheck @ https://example.org/numcheck-0.1.0-py3-none-any.whl"),
+    ('{"url": "https://github.com/me/numcheck", "vcs_info": {"vcs": "git", '
+     '"requested_revision": "v0.1.0", "commit_id": "abc123"}}',
+     "numcheck @ git+https://github.com/me/numcheck@v0.1.0"),
+    ('{"url": "https://github.com/me/mono", "subdirectory": "numcheck", "vcs_info": '
+     '{"vcs": "git", "commit_id": "abc123"}}',
+     "numcheck @ git+https://github.com/me/mono@abc123#subdirectory=numcheck"),
+], ids=["none", "garbage", "editable-checkout", "local-wheel", "wheel-url", "git-tag",
+        "git-commit-subdirectory"])
+def test_numcheck_spec_is_the_install_url_unless_local_else_the_version_pin(direct_url, spec):
+    got, why = spec_for(direct_url)
+    assert got == spec
+    if direct_url and "file:" in direct_url:
+        assert "local path" in why and "file:///" in why  # says why the pin, and what to set
+    assert ("git+https://...@tag" in why) == got.startswith("numcheck==")
+
+
+def test_workflow_installs_numcheck_from_where_this_one_came_from(tmp_path, monkeypatch, capsys):
+    direct = ('{"url": "https://github.com/me/numcheck", "vcs_info": {"vcs": "git", '
+              '"requested_revision": "v0.1.0", "commit_id": "abc123"}}')
+    monkeypatch.setattr(scaffold, "_direct_url", lambda: direct)
+    lines = init(tmp_path, capsys)
+    spec = "numcheck @ git+https://github.com/me/numcheck@v0.1.0"
+    assert lines[1][0] == "wrote" and lines[1][1] == WORKFLOW
+    assert lines[2] == ("check", f"NUMCHECK_SPEC in {WORKFLOW}: {spec} (where this numcheck "
+                                 "was installed from; check CI can reach it)")
+    text = (tmp_path / WORKFLOW).read_text()
+    assert f'  NUMCHECK_SPEC: "{spec}"\n' in text and text.count('"$NUMCHECK_SPEC"') == 2
+    # the workflow is unchanged on a rerun: no hint then
+    assert "check" not in dict(init(tmp_path, capsys))
+
+
+# --- a package inside a larger repository (monorepo) ---------------------------------------------
+
+@needs_git
+def test_in_a_package_folder_the_keys_go_into_the_parents_configuration(tmp_path, capsys):
+    """pytest run in pkg/ reads the repository's pytest.ini (pkg/pyproject.toml has no pytest
+    table): init --root pkg edits that file, and creates none in pkg/ that would shadow its
+    addopts and markers."""
+    repo = scratch_repo(tmp_path, pyproject=None)
+    ini = "[pytest]\naddopts = -ra --strict-markers\nmarkers =\n    gpu: needs a GPU\n" \
+          "testpaths = pkg/checks other\n"
+    (repo / "pytest.ini").write_text(ini)
+    pkg = repo / "pkg"
+    pkg.mkdir()
+    package = '[project]\nname = "pkg"\nversion = "0.1"\n'
+    (pkg / "pyproject.toml").write_text(package)
+    assert pytest_reads(pkg)[0] == repo / "pytest.ini"
+
+    lines = init(pkg, capsys)
+    assert lines[0] == ("updated", "../pytest.ini [pytest] (pytest's configuration for runs "
+                                   "in pkg): " + ", ".join(KEYS))
+    assert (pkg / "pyproject.toml").read_text() == package
+    assert not any((pkg / name).exists() for name in ("pytest.ini", "pytest.toml", "tox.ini",
+                                                      "setup.cfg"))
+    assert (repo / "pytest.ini").read_text().startswith(ini)
+    inifile, cfg = pytest_reads(pkg)
+    assert inifile == repo / "pytest.ini" and set(KEYS) <= set(cfg)
+    assert cfg["addopts"].value == "-ra --strict-markers"  # still the user's
+    # the parent's testpaths entry inside pkg/ holds the example
+    assert (pkg / "checks" / "test_numcheck_example.py").is_file()
+    before = tree(repo)
+    assert {action for action, _ in init(pkg, capsys)} == {"unchanged"}
+    assert tree(repo) == before
+
+
+@needs_git
+def test_a_configuration_above_the_git_repository_is_not_edited(tmp_path, capsys):
+    outside = "[pytest]\naddopts = -ra\n"
+    (tmp_path / "pytest.ini").write_text(outside)
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    scratch_repo(repo, pyproject=None)
+    pkg = repo / "pkg"
+    pkg.mkdir()
+    assert ("wrote", "pytest.ini [pytest]: " + ", ".join(KEYS)) in init(pkg, capsys)
+    assert (tmp_path / "pytest.ini").read_text() == outside
+    assert pytest_reads(pkg)[0] == pkg / "pytest.ini"
+
+
+@needs_git
+def test_a_parent_pyproject_without_a_pytest_table_is_not_edited(tmp_path, capsys):
+    """pytest falls back on the repository's pyproject.toml, which holds no configuration: a
+    new pytest.ini in the package shadows nothing."""
+    repo = scratch_repo(tmp_path, pyproject='[project]\nname = "x"\n')
+    pkg = repo / "pkg"
+    pkg.mkdir()
+    assert pytest_reads(pkg)[0] == repo / "pyproject.toml"
+    assert ("wrote", "pytest.ini [pytest]: " + ", ".join(KEYS)) in init(pkg, capsys)
+    assert (repo / "pyproject.toml").read_text() == '[project]\nname = "x"\n'
+    assert (pkg / "tests" / "test_numcheck_example.py").is_file()

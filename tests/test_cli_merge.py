@@ -60,6 +60,8 @@ def test_shards_merged_equal_the_unsharded_run(tmp_path):
     assert "merged 2 shards" in merged.stdout
     a, b = _rows(tmp_path / "whole.parquet"), _rows(tmp_path / "merged.parquet")
     assert len(a) > 20 and a == b
+    p1, p2 = (read_results(tmp_path / f"shard{i}.parquet")[1] for i in (1, 2))
+    assert p1["collection"] == p2["collection"] and p1["collection"].startswith(f"{len(a) // 3}")
     s1, s2 = _rows(tmp_path / "shard1.parquet"), _rows(tmp_path / "shard2.parquet")
     assert s1 and s2 and not set(s1) & set(s2)
     assert (tmp_path / "report.md").exists() and (tmp_path / "report.html").exists()
@@ -84,6 +86,10 @@ def test_merge_refuses_missing_repeated_foreign_and_overlapping_shards(tmp_path,
     d = _shard_file(tmp_path / "d.parquet", "3/3", [golden_record("c1")])
     assert cli.main(["merge", a, b, d]) == 2
     assert "the shards overlap" in capsys.readouterr().err
+    other = _shard_file(tmp_path / "o.parquet", "3/3", [golden_record("c3")],
+                        collection="9 tests 0123456789abcdef")
+    assert cli.main(["merge", a, b, other]) == 2  # another selection or environment
+    assert "collection '9 tests 0123456789abcdef'" in capsys.readouterr().err
     whole = tmp_path / "w.parquet"
     write_results(whole, [golden_record("c1")], {"case_set": "quick"})
     assert cli.main(["merge", str(whole)]) == 2
@@ -124,7 +130,8 @@ def test_rms(numcheck, case):
     alone = pytester.runpytest_subprocess("-p", "no:cacheprovider", "-k", "bf16")
     assert alone.ret == 1  # the op executed nothing: rule 11 fails a whole run...
     assert "op rms_norm executed no case" in alone.stdout.str()
-    part = pytester.runpytest_subprocess("-p", "no:cacheprovider", "--numcheck-shard=2/2")
+    # sorted node ids: shard 1/2 holds the bf16 case alone
+    part = pytester.runpytest_subprocess("-p", "no:cacheprovider", "--numcheck-shard=1/2")
     assert part.ret == 0, part.stdout.str()  # ...but a shard leaves it to numcheck merge
     assert "numcheck merge checks it over all shards" in part.stdout.str()
     res = pytester.runpytest_subprocess("-p", "no:cacheprovider", "--numcheck-shard=1/2",

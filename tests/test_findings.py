@@ -35,7 +35,7 @@ def test_every_builtin_known_failure_is_an_explained_id():
     ids = _known_ids()
     assert len(ids) >= 6  # the catalog declares at least that many weaknesses
     assert ids <= set(FINDINGS), ids - set(FINDINGS)
-    env_ids = {finding for _, finding, _ in environment.ENVIRONMENT_FAILURES}
+    env_ids = {finding for _, finding in environment.ENVIRONMENT_FAILURES}
     assert env_ids <= set(FINDINGS), env_ids - set(FINDINGS)
 
 

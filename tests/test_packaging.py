@@ -6,6 +6,7 @@ from __future__ import annotations
 import hashlib
 import os
 import re
+import shutil
 import subprocess
 import sys
 import sysconfig
@@ -20,8 +21,6 @@ from numcheck.session import GoldenSession
 from numcheck.stats import error_stats
 
 REPO = Path(__file__).resolve().parent.parent
-# pip builds the wheel in the checkout's build/: one worker builds it (--dist loadgroup)
-pytestmark = pytest.mark.xdist_group("wheel")
 
 
 def _packages_on_disk() -> set[str]:
@@ -30,7 +29,7 @@ def _packages_on_disk() -> set[str]:
 
 
 def test_pyproject_lists_every_package():
-    import tomllib  # py >= 3.11 here; the wheel build itself needs no tomllib
+    tomllib = pytest.importorskip("tomllib")  # Python >= 3.11
 
     conf = tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["setuptools"]
     listed = set(conf["packages"])
@@ -43,8 +42,17 @@ def test_pyproject_lists_every_package():
 
 @pytest.fixture(scope="module")
 def wheel(tmp_path_factory) -> Path:
+    # built from a copy of the files git knows (tracked or not ignored): setuptools never
+    # clears a checkout's build/, whose stale files would otherwise ship
+    src = tmp_path_factory.mktemp("src")
+    files = subprocess.run(["git", "ls-files", "-co", "--exclude-standard"], cwd=REPO,
+                           check=True, capture_output=True, text=True).stdout.split()
+    for f in files:
+        if (REPO / f).is_file():
+            (src / f).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(REPO / f, src / f)
     out = tmp_path_factory.mktemp("dist")
-    subprocess.run([sys.executable, "-m", "pip", "wheel", str(REPO), "--no-deps",
+    subprocess.run([sys.executable, "-m", "pip", "wheel", str(src), "--no-deps",
                     "--no-build-isolation", "-q", "-w", str(out)], check=True,
                    capture_output=True, text=True)
     (whl,) = out.glob("numcheck-*.whl")
@@ -57,8 +65,7 @@ def test_wheel_holds_the_suites_and_the_goldens(wheel):
     goldens = {f"numcheck/_builtin/golden/{p.relative_to(REPO / 'golden')}"
                for p in (REPO / "golden").glob("*/*.parquet")}
     assert suites and goldens
-    assert suites <= names, suites - names
-    assert goldens <= names, goldens - names
+    assert {n for n in names if n.startswith("numcheck/_builtin/")} == suites | goldens
     assert not [n for n in names if n.startswith(("tests/", "suites/", "golden/"))]
     assert not [n for n in names if n.startswith("numcheck/_builtin/") and n.endswith(".txt")]
 
@@ -103,23 +110,38 @@ def test_numcheck_run_from_an_empty_folder(wheel, tmp_path):
 
     ref = numcheck("refresh", *sel)
     assert ref.returncode == 0, ref.stdout[-3000:]
-    assert f"not written, its rows equal the shipped goldens in {shipped}" in ref.stdout
+    assert f"not written, the rows that ran equal the shipped goldens in {shipped}" in ref.stdout
     assert _digests(shipped) == before
 
     bad = numcheck("run", *sel, "--golden-dir", str(shipped))
     assert bad.returncode == 2
     assert "inside the installed numcheck package" in bad.stdout + bad.stderr
 
+    # the user's pytest ini names their golden folder; a row of theirs wins over the shipped
+    # one: here one recorded from other inputs, which a strict run fails as inputs_changed
+    # (their addopts are not the built-in suites': pytest would stop at the unknown flag)
+    (work / "pyproject.toml").write_text('[tool.pytest.ini_options]\nnumcheck_golden_dir = "gold"\n'
+                                         'addopts = "--no-such-flag"\n')
+    rows = golden.read(golden.path_for(shipped, "cpu", "ops")).rows
+    key = next(k for k in rows if k[1:3] == ("rms_norm", "torch") and
+               k[3].startswith("fp32-4x128") and k[4] == "out")
+    golden.write(golden.GoldenFile(golden.path_for(work / "gold", "cpu", "ops")),
+                 {key: {**rows[key], "input_digest": "0" * 12}}, {"numcheck": "test"})
+    mine = numcheck("run", "--strict", *sel)
+    assert mine.returncode == 1, mine.stdout[-3000:]
+    assert re.search(r"golden: \d+ same, 1 inputs_changed", mine.stdout), mine.stdout[-3000:]
+
 
 # --- the session's read-only base folder -------------------------------------------------------
 
-def _record(sqnr_scale: float, case: str = "c1") -> Record:
+def _record(sqnr_scale: float, case: str = "c1", digest: str = "d0") -> Record:
     import torch
     ref = torch.linspace(-2, 2, 64, dtype=torch.float64)
     out = (ref * (1 + sqnr_scale)).to(torch.bfloat16)
     return Record(suite="ops", op="rms_norm", kernel="k", case_id=case, output="out",
-                  dtype="bf16", status=Status.PASSED, platforms="P",
-                  kernel_stats=error_stats(out, ref), baseline_stats=error_stats(out, ref))
+                  dtype="bf16", status=Status.PASSED, platforms="P", input_digest=digest,
+                  kernel_stats=error_stats(out, ref),
+                  baseline_stats=error_stats(ref.to(torch.bfloat16), ref))
 
 
 def _shipped(tmp_path: Path, records: list[Record]) -> Path:
@@ -140,16 +162,19 @@ def test_base_goldens_judge_a_suite_the_user_folder_lacks(tmp_path):
     assert str(golden.path_for(base, "cpu", "ops")) in new.golden_reason  # where it looked
 
 
-def test_a_user_file_hides_the_base_file(tmp_path):
-    base = _shipped(tmp_path, [_record(0.0)])
-    user = _shipped(tmp_path / "u", [_record(0.0, case="mine")])
+def test_rows_layer_the_users_row_wins(tmp_path):
+    base = _shipped(tmp_path, [_record(0.0), _record(0.0, case="c2")])
+    user = _shipped(tmp_path / "u", [_record(0.0, case="c2", digest="d1"),
+                                     _record(0.0, case="mine")])
     s = GoldenSession(user, "strict", base_dir=base)
-    rec = _record(0.0)
-    s.judge([rec])
-    assert rec.golden == Golden.MISSING  # per file: the user's file is the whole truth
+    c1, c2, mine = _record(0.0), _record(0.0, case="c2"), _record(0.0, case="mine")
+    s.judge([c1, c2, mine])
+    assert c1.golden == Golden.SAME  # only in the shipped file
+    assert c2.golden == Golden.INPUTS_CHANGED  # the user's row of c2 wins over the shipped one
+    assert mine.golden == Golden.SAME
 
 
-def test_refresh_writes_the_user_folder_and_keeps_the_base_rows(tmp_path):
+def test_refresh_writes_only_the_rows_that_differ_from_the_base(tmp_path):
     base = _shipped(tmp_path, [_record(0.0), _record(0.0, case="c2")])
     before = _digests(base)
     user = tmp_path / "user"
@@ -159,9 +184,12 @@ def test_refresh_writes_the_user_folder_and_keeps_the_base_rows(tmp_path):
     rep = s.finish([changed], {"numcheck": "test"})
     path = golden.path_for(user, "cpu", "ops")
     assert rep.written == [path]
-    rows = golden.read(path).rows
-    assert {k[3] for k in rows} == {"c1", "c2"}  # the untouched base row came along
+    assert {k[3] for k in golden.read(path).rows} == {"c1"}  # only what differs from the base
     assert _digests(base) == before
+    later = GoldenSession(user, "strict", base_dir=base)
+    c1, c2 = _record(2.0 ** -5), _record(0.0, case="c2")
+    later.judge([c1, c2])
+    assert c1.golden == c2.golden == Golden.SAME
 
 
 def test_refresh_without_change_says_the_base_holds(tmp_path):

@@ -82,3 +82,38 @@ def test_one_gpu_per_xdist_worker():
     assert plugin.worker_gpu("gw5", 4) == 1  # more workers than GPUs: round-robin
     assert plugin.worker_gpu("gw3", 1) is None  # one GPU: every worker on it
     assert plugin.worker_gpu("master", 4) is None
+
+
+def test_training_steps_reach_the_line(tmp_path, monkeypatch):
+    from numcheck import progress
+
+    monkeypatch.setenv("NUMCHECK_PROGRESS_DIR", str(tmp_path))
+    monkeypatch.setattr(progress, "_last_write", [0.0])
+    progress.training_step(0, 60)
+    progress.training_step(1, 60)  # within the second: not written
+    assert progress.training_steps(str(tmp_path)) == (1, 60)
+    progress.training_step(59, 60)  # the last step always is
+    assert progress.training_steps(str(tmp_path)) == (60, 60)
+    (tmp_path / "other.steps").write_text("5 100")  # another worker's run
+    p = Progress()
+    p.collected(["test_convergence.py::t"])
+    assert "training step 65/160" in p.line()
+    assert progress.training_steps(None) == (0, 0)
+
+
+def test_a_heartbeat_line_while_a_long_test_runs(pytester, monkeypatch):
+    monkeypatch.setenv("NUMCHECK_PROGRESS", "1")
+    pytester.makeconftest("import numcheck.plugin as p\np._PROGRESS_EVERY = 1.0\n")
+    pytester.makepyfile(test_long='''
+import time
+from numcheck.progress import training_step
+
+def test_trains():
+    training_step(5, 10)
+    time.sleep(3)
+''')
+    res = pytester.runpytest_subprocess("-p", "no:cacheprovider")
+    res.assert_outcomes(passed=1)
+    # only the heartbeat can write a line before the one test finished
+    assert re.search(r"^numcheck \d+:\d\d: long 0/1 \? \| training step 6/10$",
+                     res.stdout.str(), re.M), res.stdout.str()

@@ -42,3 +42,18 @@ def test_gemm_gap_ceiling_fails_a_nan_gap():
     assert r.status == Status.PASSED, r.reason
     nan = r.replace(metrics={**r.metrics, "sqnr_gap_db": math.nan}, status=Status.PENDING)
     assert verdict.judge(nan).status == Status.FAILED
+
+
+def test_a_failing_round_trip_or_gemm_carries_its_histogram(monkeypatch):
+    """As failing op cases: the error histogram over the compared elements, on failure only.
+    The e5m2 quantizer under the e4m3 path's name misses that path's floor; a GEMM fails a
+    ceiling lowered below its measured gap."""
+    from numcheck.quant.recipe import Quantizer
+
+    assert QS.roundtrip_record("fp8_e4m3_row", "normal").ulp_hist is None
+    e5m2 = QS.QuantPath("fp8_e4m3_row", Quantizer("fp8", fmt="e5m2", granularity="row"), "row")
+    monkeypatch.setitem(QR.GAP_DB["fp8_tensor"], "normal", 0.0)
+    for r in (QS.roundtrip_record(e5m2, "normal"), QS.gemm_record("fp8_tensor", "normal")):
+        assert sum(r.ulp_hist) == r.kernel_stats.n_compared > 0
+        assert len(r.ulp_hist) - 1 == r.kernel_stats.max_ulp.bit_length()  # top bucket
+        assert verdict.judge(r).status == Status.FAILED

@@ -12,7 +12,7 @@ import torch
 from numcheck import golden
 from numcheck.errorstats import ErrorStats
 from numcheck.records import Golden, Record, Status
-from numcheck.report_html import html_report
+from numcheck.report_html import FULL_FAILURES, REASON_CHARS, html_report
 from numcheck.run import ulp_histogram, verify
 
 EVIL = "<script>alert(1)</script>"
@@ -223,6 +223,79 @@ def test_heatmap_cells_are_the_records_sqnr():
     assert checked == len(quant_records())
 
 
+def qdq(params, status=Status.PASSED, sqnr=40.0, dist="normal", **kw) -> Record:
+    """A quant-family record of an op whose one kernel, torch, runs every format."""
+    return Record(suite="quant", family="quant", op="fp8_qdq", kernel="torch", params=params,
+                  case_id=f"fp32-64x256-{dist}-{params}", dist=dist, status=status,
+                  kernel_stats=stats(sqnr, fmt="fp32"), baseline_stats=stats(sqnr + 20), **kw)
+
+
+def test_a_heatmap_cell_is_the_worst_of_its_records():
+    """Rows are quantization paths (kernel + format params, not the axis); a cell shows the
+    lowest SQNR of its records and FAIL where any of them fails the run, whatever comes last."""
+    records = [qdq("fmt=e4m3,granularity=row,dim=-1", Status.FAILED, 10.0),
+               qdq("fmt=e4m3,granularity=row,dim=0", Status.PASSED, 35.0),
+               qdq("fmt=e5m2,granularity=row,dim=-1", Status.PASSED, 40.0),
+               qdq("fmt=e5m2,granularity=row,dim=-1", dist="student_t", sqnr=41.0,
+                   golden=Golden.REGRESSED),
+               Record(suite="quant", family="quant", op="roundtrip", kernel="fp8_e4m3_row",
+                      params="path=fp8_e4m3_row", dist="normal", status=Status.PASSED,
+                      kernel_stats=stats(31.5, fmt="fp32"), baseline_stats=stats(55.0))]
+    quant = sections(Tree(html_report(records, PROV)))["quant"]
+    cells = {}
+    for table in quant.find("table"):
+        dists = [th.text() for th in table.find("thead")[0].find("th")[1:]]
+        for tr in table.find("tbody")[0].find("tr"):
+            for d, td in zip(dists, tr.find("td")):
+                cells[table.attrs["data-op"], tr.find("th")[0].text(), d] = td
+    e4m3 = cells["fp8_qdq", "torch fmt=e4m3,granularity=row", "normal"]
+    assert e4m3.text() == "10.0 FAIL" and "fail" in e4m3.attrs["class"].split()
+    assert e4m3.attrs["data-records"] == "2" and "2 record(s), 1 failing" in e4m3.attrs["title"]
+    assert cells["fp8_qdq", "torch fmt=e5m2,granularity=row", "normal"].text() == "40.0"
+    assert cells["fp8_qdq", "torch fmt=e5m2,granularity=row", "student_t"].text() == \
+        "41.0 FAIL"  # passed its rules, regressed on its golden: fails the run
+    assert cells["fp8_qdq", "baseline", "normal"].text() == "30.0"  # the lowest yardstick
+    assert cells["roundtrip", "fp8_e4m3_row", "normal"].text() == "31.5"
+
+
+def test_missing_or_nan_statistics_show_a_dash():
+    """Stats fields a producer or an older results file leaves empty (None) or NaN: shown as a
+    dash everywhere, the page still built."""
+    empty = dict(sqnr_db=None, min_block_sqnr_db=None, max_ulp=None, p99_ulp=None,
+                 n_compared=None, nonfinite_mismatch=None)
+    nan = dict(sqnr_db=math.nan, min_block_sqnr_db=math.nan, max_ulp=math.nan)
+    op_none = op_record(kernel="none", status=Status.FAILED, ulp_hist=[4, 1])
+    op_none.kernel_stats, op_none.baseline_stats = stats(**empty, rel_l2=None), None
+    op_nan = op_record(kernel="nan")
+    op_nan.kernel_stats, op_nan.baseline_stats = stats(**nan), stats(**nan)
+    rt = [Record(suite="quant", family="quant", op="roundtrip", kernel=k, dist="normal",
+                 status=Status.PASSED, kernel_stats=stats(**kw), baseline_stats=b)
+          for k, kw, b in (("none", empty, None), ("nan", nan, stats(**nan)))]
+    found = sections(Tree(html_report([op_none, op_nan, *rt], PROV)))
+    assert "SQNR \u2014 dB (baseline \u2014 dB), worst block \u2014 dB, max \u2014 ULP" in \
+        found["failures"].text()
+    assert [td.text() for td in found["quant"].find("td")] == ["\u2014"] * 3  # 2 rows, bf16
+    worst = [td.text() for td in found["worst"].find("td")]
+    assert worst[5:9] == ["\u2014"] * 4  # rms_norm/nan; rms_norm/none has no rel_l2 to rank
+
+
+def test_failures_past_the_cap_are_one_row_each():
+    """A first strict run on a new device class: every record fails. The first FULL_FAILURES
+    in full, one table row for each of the others, and the total said."""
+    records = [op_record(kernel=f"k{i:03}", status=Status.FAILED, reason=f"{i} " + "x" * 300)
+               if i % 2 else op_record(kernel=f"k{i:03}", golden=Golden.MISSING)
+               for i in range(500)]
+    failures = sections(Tree(html_report(records, {**PROV, "golden_mode": "strict"})))["failures"]
+    assert len(failures.find("article")) == FULL_FAILURES == 200
+    rows = failures.find("table")[0].find("tbody")[0].find("tr")
+    assert len(rows) == 300
+    assert "500 failing records: the first 200 in full, the other 300" in failures.text()
+    first = [td.text() for td in rows[0].find("td")]
+    assert first[:3] == ["rms_norm/k200 bf16-4x128-normal-s0 out", "passed", "missing"]
+    reason = [td.text() for td in rows[1].find("td")][3]
+    assert reason.startswith("201 xxx") and len(reason) == REASON_CHARS and reason[-1] == "\u2026"
+
+
 def test_ulp_histogram_counts_a_known_tensor():
     """bf16 values k ULPs above 1.0 (2^-7 apart) against the reference 1.0, plus a NaN and an
     inf the reference does not have: counts per bucket as counted by hand."""
@@ -248,7 +321,8 @@ def test_every_failing_case_shows_its_histogram_or_why_not():
                           "roundtrip/mx_e2m1_floor"}
     assert bars(cases[f"rms_norm/{EVIL}"].find("svg")[0]) == [3, 0, 5, 500, 4]  # + mismatches
     assert "no output to measure" in cases["rms_norm/err"].text()
-    assert "passed its own rules" in cases["rms_norm/slower"].text()
+    assert "passed its rules and fails on its golden (regressed); rerun its repro to see the " \
+        "errors" in cases["rms_norm/slower"].text()
     assert "none recorded" in cases["roundtrip/mx_e2m1_floor"].text()
     assert not cases["rms_norm/err"].find("svg")
 

@@ -16,6 +16,7 @@ import numpy as np
 import torch
 
 from ..numerics import PINNED, pinned
+from ..progress import training_step
 from .linear import QuantState, apply_recipe
 from .models import build
 from .recipes import Spec
@@ -65,6 +66,7 @@ def train(model_name: str, spec: Spec, seed: int, steps: int, device: str = "cpu
     dev_type = torch.device(device).type
     with pinned(STATE):
         for step in range(steps):
+            training_step(step, steps)  # the terminal's progress line (numcheck.progress)
             batch = {k: v.to(device) for k, v in task.batch_at(seed, step).items()}
             for g in opt.param_groups:
                 g["lr"] = _lr_at(step, steps, lr)

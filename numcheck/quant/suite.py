@@ -33,11 +33,13 @@ import torch
 from .. import environment, formats, inputs
 from ..inputs import input_digest
 from ..records import Record
+from ..run import ulp_histogram
 from ..stats import error_stats
 from .base import QuantFormat
 from .fp8 import FP8_FORMATS, GRANULARITIES
 from .mx import ELEMS, SCALE_MODES
 from .recipe import RECIPES, Quantizer, get_recipe, scaled_matmul
+from .rules import QUANT_RULES
 
 ROUNDTRIP_SHAPE = (64, 256)  # 64 rows x 8 MX blocks / 16 NVFP4 blocks / 2 FP8 1x128 tiles per row
 GEMM_SHAPE = (64, 512, 64)  # (M, K, N): K a multiple of 128 (fp8 block tiles) and of the RHT
@@ -89,6 +91,15 @@ def _record(op, kernel, case_id, dist, seed, params, shape, digest, ks, bs, u,
         kernel_stats=ks, baseline_stats=bs, metrics=metrics)
 
 
+def _with_histogram(rec: Record, out: torch.Tensor, ref: torch.Tensor) -> Record:
+    """A record that fails its rules carries its error histogram, as a failing op case does
+    (numcheck.run); measured only then (about 0.5 us an element) and while out is at hand. The
+    rules are asked on a copy: judging the record stays numcheck.verdict's."""
+    if QUANT_RULES.absolute(rec.replace()):
+        rec.ulp_hist = ulp_histogram(out, ref, rec.kernel_stats.fmt)
+    return rec
+
+
 def case_seed(*parts) -> int:
     """A short stable seed (ids stay readable): the same inputs for every path of one dist."""
     return inputs.seed_for("quant", *parts) % 100_000
@@ -114,8 +125,9 @@ def roundtrip_record(path: str | QuantPath, dist: str, shape=ROUNDTRIP_SHAPE,
         "underflow_frac": float(((x64 != 0) & (out == 0)).double().mean()),
         "nonfinite": int((~torch.isfinite(out) & finite).sum()),
     }
-    return _record("roundtrip", p.name, case_id, dist, seed, f"path={p.name}", shape,
-                   input_digest({"x": x64}, {}), ks, bs, p.format.unit_roundoff, metrics)
+    rec = _record("roundtrip", p.name, case_id, dist, seed, f"path={p.name}", shape,
+                  input_digest({"x": x64}, {}), ks, bs, p.format.unit_roundoff, metrics)
+    return _with_histogram(rec, out, x64)
 
 
 def gemm_inputs(dist: str, shape=GEMM_SHAPE, seed: int | None = None):
@@ -146,9 +158,10 @@ def gemm_record(recipe: str, dist: str, shape=GEMM_SHAPE) -> Record:
     gap = bs.sqnr_db - ks.sqnr_db
     metrics = {"sqnr_gap_db": gap,
                "nonfinite": int((~torch.isfinite(out)).sum())}
-    return _record("gemm", r.name, case_id, dist, seed, f"recipe={r.name}", shape,
-                   input_digest({"a": a64, "b": b64}, {"recipe": r.name}), ks, bs,
-                   r.x.format.unit_roundoff, metrics)
+    rec = _record("gemm", r.name, case_id, dist, seed, f"recipe={r.name}", shape,
+                  input_digest({"a": a64, "b": b64}, {"recipe": r.name}), ks, bs,
+                  r.x.format.unit_roundoff, metrics)
+    return _with_histogram(rec, out, ref)
 
 
 RECIPE_NAMES = tuple(RECIPES)

@@ -479,6 +479,7 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
 
 
 _DRIFT_LINES = 5
+_GOLDEN_LINES = 10  # golden changes listed by default: a broken kernel regresses every case
 
 
 def pytest_terminal_summary(terminalreporter, exitstatus: int, config: pytest.Config) -> None:
@@ -505,11 +506,15 @@ def pytest_terminal_summary(terminalreporter, exitstatus: int, config: pytest.Co
         tr.write_line(f"  known   {n:5}: {cite(k)}")
     for reason, n in run.skip_reasons.most_common(8):
         tr.write_line(f"  skipped {n:5}: {reason}")
-    for r in run.records:
-        if r.golden in (Golden.REGRESSED, Golden.MISSING, Golden.INPUTS_CHANGED,
-                        Golden.IMPROVED):
-            tr.write_line(f"  {r.golden.value:>14} {r.label}: {r.golden_reason}",
-                          red=r.golden != Golden.IMPROVED)
+    changed = [r for r in run.records if r.golden in (
+        Golden.REGRESSED, Golden.MISSING, Golden.INPUTS_CHANGED, Golden.IMPROVED)]
+    shown = changed if config.get_verbosity() > 0 else changed[:_GOLDEN_LINES]
+    for r in shown:
+        tr.write_line(f"  {r.golden.value:>14} {r.label}: {r.golden_reason}",
+                      red=r.golden != Golden.IMPROVED)
+    if len(changed) > len(shown):  # every one is in the results file and the report
+        tr.write_line(f"  {'':14} ... and {len(changed) - len(shown)} more golden changes "
+                      f"(pytest -v, numcheck report)", red=True)
     drift = [r for r in run.records if r.golden == Golden.DRIFT]
     for r in drift[:_DRIFT_LINES]:  # not failing: the first few say what moved, and where
         tr.write_line(f"  {'drift':>14} {r.label}: {r.golden_reason}")

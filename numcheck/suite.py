@@ -99,7 +99,8 @@ def _rank(r: Record) -> tuple:
 def _why(r: Record) -> str:
     why = r.reason if r.status in (Status.FAILED, Status.ERROR, Status.KNOWN) else ""
     prefix = f"{r.output}: "
-    why = why.replace(" | " + prefix, " | ")  # the rule's texts repeat the output's name
+    # the rule's texts repeat the output's name (after a known weakness's citation too)
+    why = why.replace(" | " + prefix, " | ").replace("): " + prefix, "): ")
     why = why[len(prefix):] if why.startswith(prefix) else why
     if r.golden_reason and r.golden not in (None, Golden.SAME, Golden.NEW):
         why = (why + " | " if why else "") + f"golden {r.golden}: {r.golden_reason}"

@@ -14,11 +14,13 @@ KERNEL = '''
 import os
 import pytest, torch
 
-@torch.compile(dynamic=False)
-def _core(x, weight, eps):
+def _eager(x, weight, eps):
     xf = x.float()
     r = torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
-    return (xf * r * weight.float() * 1.01).to(x.dtype)   # 1% off: fails every case
+    return (xf * r * weight.float() * SCALE).to(x.dtype)   # 1% off: fails every case
+
+SCALE = float(os.environ.get("SCALE", "1.01"))
+_core = torch.compile(_eager, dynamic=False) if os.environ.get("COMPILE") else _eager
 
 def scaled_rms(x, weight, eps):
     return _core(x, weight, eps)
@@ -54,6 +56,7 @@ def project(pytester, tmp_path_factory, monkeypatch):
 
 def test_one_failing_case_is_at_most_15_lines(project, monkeypatch):
     monkeypatch.setenv("CASES", ONE)
+    monkeypatch.setenv("COMPILE", "1")  # inductor: torch.__trace's flood of DEBUG records
     res = project.runpytest_subprocess("-p", "no:cacheprovider")
     res.assert_outcomes(failed=1)
     block = _failure_block(res.stdout.str())
@@ -65,6 +68,8 @@ def test_one_failing_case_is_at_most_15_lines(project, monkeypatch):
                  "  worst_elements: ", "  numerics: ", "  repro: numcheck verify --op rms_norm"):
         assert what in text, text
     assert text.count("repro: ") == 1  # the outputs of a case share it
+    verbose = project.runpytest_subprocess("-p", "no:cacheprovider", "-v")
+    assert "torch.__trace" in verbose.stdout.str()  # -v: torch's own records are kept
 
 
 def test_many_failing_cases_show_the_first_five_in_full(project, monkeypatch):
@@ -78,4 +83,14 @@ def test_many_failing_cases_show_the_first_five_in_full(project, monkeypatch):
     verbose = project.runpytest_subprocess("-p", "no:cacheprovider", "-v")
     vtext = "\n".join(_failure_block(verbose.stdout.str()))
     assert vtext.count("repro: ") == 7
-    assert "torch.__trace" in verbose.stdout.str()  # -v: torch's own records are kept
+
+
+def test_golden_changes_are_listed_ten_at_most(project, monkeypatch):
+    monkeypatch.setenv("CASES", MANY)
+    monkeypatch.setenv("SCALE", "1.0")  # the right kernel: its goldens
+    project.runpytest_subprocess("-p", "no:cacheprovider",
+                                 "--numcheck-refresh").assert_outcomes(passed=1)
+    monkeypatch.setenv("SCALE", "1.01")  # 7 cases x 3 outputs regress
+    out = project.runpytest_subprocess("-p", "no:cacheprovider").stdout.str()
+    assert len(re.findall(r"^ +regressed rms_norm/", out, re.M)) == 10, out
+    assert "... and 11 more golden changes (pytest -v, numcheck report)" in out

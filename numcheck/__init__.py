@@ -2,7 +2,7 @@
 
 Public names (docs/DESIGN.md, "Public contract"): ``round_to``, ``ulp_distance``,
 ``error_stats`` / ``ErrorStats``, ``verify`` / ``Verification``, ``kernel``, ``op``,
-``fingerprint`` / ``Fingerprint``, the format
+``fingerprint`` / ``Fingerprint``, ``telemetry`` (the module: ``nc.telemetry.watch``), the format
 table ``FORMATS`` and the exception tree (``NumcheckError``, ``UsageError``).
 
 The names whose modules import torch load on first use (PEP 562), so that importing a submodule
@@ -18,8 +18,8 @@ from .errorstats import ErrorStats
 from .version import __version__
 
 __all__ = ["FORMATS", "ErrorStats", "Format", "NumcheckError", "Policy", "UsageError",
-           "Verification", "error_stats", "fingerprint", "kernel", "op", "round_to", "ulp_distance", "verify",
-           "__version__"]
+           "Verification", "error_stats", "fingerprint", "kernel", "op", "round_to", "telemetry",
+           "ulp_distance", "verify", "__version__"]
 
 
 def __getattr__(name: str) -> Any:
@@ -36,6 +36,10 @@ def __getattr__(name: str) -> Any:
         from . import stats as home
     elif name in ("fingerprint", "Fingerprint"):
         from . import forensics as home
+    elif name == "telemetry":  # a module: `from . import` would ask this function again
+        import importlib
+        value = globals()[name] = importlib.import_module(".telemetry", __name__)
+        return value
     else:
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
     value = globals()[name] = getattr(home, name)

@@ -539,6 +539,54 @@ def _report(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+# --- inspect ------------------------------------------------------------------------------------
+
+@_command("inspect", help="train a model a few steps under numcheck.telemetry: per-layer "
+                          "statistics, what a recipe would do, the first NaN/Inf producer",
+          arguments=(
+              _arg("--model", default=None,
+                   help="mlp, tiny_lm, tiny_dit, or module:attr (a callable seed -> "
+                        "(model, task, lr), as numcheck.convergence.models.build)"),
+              _arg("--recipe", default=None, help="recipe whose quantizers are measured "
+                   "(fp8_tensor fp8_row fp8_block mxfp8 mxfp6 mxfp4 nvfp4 ...)"),
+              _arg("--what-if", action="append", default=[], metavar="RECIPE",
+                   help="another recipe measured on the same tensors (repeatable)"),
+              _arg("--shadow", action="store_true",
+                   help="float64 shadows: each layer's own error and the accumulated one"),
+              _arg("--steps", type=int, default=5),
+              _arg("--merge", nargs="+", default=None, metavar="PARQUET",
+                   help="merge per-rank telemetry files instead of running a model"),
+              _arg("--out", default="results/telemetry",
+                   help="folder for telemetry.parquet and the heatmap (default: %(default)s)")))
+def _inspect(args: argparse.Namespace) -> int:
+    """Train the model for --steps steps (fp32) under numcheck.telemetry.watch, write the
+    records (parquet) and a per-layer x step heatmap, print the last step's per-layer table and
+    the first non-finite producer. Exit 1 when a NaN/Inf was produced, 0 otherwise."""
+    from pathlib import Path
+
+    from .telemetry import inspect as ins
+
+    if (args.model is None) == (args.merge is None):
+        raise UsageError("give --model (run a model) or --merge (join per-rank files)")
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    where = None
+    if args.merge:
+        frame = ins.merge_files(args.merge)
+    else:
+        t = ins.run(args.model, recipe=args.recipe, what_if=tuple(args.what_if),
+                    shadow=args.shadow, steps=args.steps)
+        frame, where = t.records(), t.first_nonfinite()
+    frame.to_parquet(out / "telemetry.parquet", index=False)
+    print(ins.table(frame))
+    if not args.merge:
+        print(ins.producer_line(where))
+    png = ins.plot(frame, out / "telemetry.png") if not frame.empty else None
+    print(f"records: {out / 'telemetry.parquet'} ({len(frame)} rows)"
+          + (f"\nplot:    {png}" if png else ""))
+    return EXIT_FAILED if where is not None else EXIT_OK
+
+
 # --- init ---------------------------------------------------------------------------------------
 
 @_command("init", help="set numcheck up in a repository: pytest ini keys, CI workflow, "

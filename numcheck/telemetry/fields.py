@@ -1,0 +1,259 @@
+"""Telemetry statistics: mergeable raw fields per (step, module, op, role, recipe), computed on
+the tensor's own device without a host synchronization, and the columns derived from them.
+
+Every raw field merges by one rule (``FIELDS``: "sum", "max" or "min"), so the same rule
+accumulates a module called twice in a step, and merges per-rank frames (``merge``);
+percentages and SQNRs are derived afterwards (``derive``), never averaged.
+
+Quantization statistics (``quant_stats``) run numcheck's own reference quantizer
+(``Quantizer.format``: encode, decode, saturation) on the observed tensor in float64, as a 2-D
+(rows, cols) view quantized along its last dim (the GEMM's reduction dim for a linear layer's
+input and weight, the dgrad GEMM's for grad_output), zero-padded like
+``convergence.linear`` to whole blocks (zeros change no block's amax and no tensor amax).
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+
+from ..quant.fp8 import FP8Quantized
+from ..quant.mx import E8M0_EMAX, E8M0_EMIN, MXQuantized
+from ..quant.nvfp4 import NVFP4Quantized
+
+KEY = ("step", "rank", "module", "op", "role", "pass", "recipe", "what_if")
+
+# (raw field, how it merges). Identity of each rule: sum 0, max -inf, min +inf.
+FIELDS: tuple[tuple[str, str], ...] = (
+    ("calls", "sum"),           # tensors observed (a module called twice adds twice)
+    ("n", "sum"),               # elements
+    ("n_nan", "sum"), ("n_inf", "sum"), ("n_zero", "sum"),
+    ("amax", "max"),            # max |x| over finite elements
+    ("min_nonzero", "min"),     # min |x| over finite non-zero elements
+    ("sum_sq", "sum"),          # sum x^2 over finite elements
+    ("q_n", "sum"),             # elements quantized by the row's recipe
+    ("q_underflow", "sum"),     # x != 0 and q(x) == 0
+    ("q_saturated", "sum"),     # QuantFormat.saturation: clipped beyond the top step
+    ("q_sig_sq", "sum"), ("q_err_sq", "sum"),   # sum x^2, sum (q(x) - x)^2 over finite x
+    ("blk_n", "sum"),           # live blocks (block amax > 0) of a block format
+    ("blk_scaled_n", "sum"),    # live blocks with a positive finite scale (the log2 stats)
+    ("blk_log2_min", "min"), ("blk_log2_max", "max"),
+    ("blk_log2_sum", "sum"), ("blk_log2_sumsq", "sum"),  # log2 of the decode scale
+    ("blk_clip", "sum"),        # live blocks with a saturated element (amax clips)
+    ("blk_scale_sat", "sum"),   # live blocks whose scale sits at its format's range end
+    ("blk_sqnr_min_db", "min"),  # the worst live block's SQNR
+    ("sh_n", "sum"), ("sh_sig_sq", "sum"), ("sh_err_sq", "sum"),     # layer's own (shadow)
+    ("e2e_n", "sum"), ("e2e_sig_sq", "sum"), ("e2e_err_sq", "sum"),  # vs an fp64 model copy
+)
+NAMES = tuple(f for f, _ in FIELDS)
+INDEX = {f: i for i, f in enumerate(NAMES)}
+_IDENTITY = {"sum": 0.0, "max": -math.inf, "min": math.inf}
+IDENTITY = tuple(_IDENTITY[how] for _, how in FIELDS)
+DERIVED = ("nonfinite", "dynamic_range_binades", "underflow_pct", "saturation_pct", "sqnr_db",
+           "scale_min_binades", "scale_max_binades", "scale_std_binades", "block_clip_pct",
+           "scale_sat_pct", "worst_block_sqnr_db", "shadow_sqnr_db", "e2e_sqnr_db")
+COLUMNS = KEY + NAMES + DERIVED
+
+
+class Vectors:
+    """Builds and combines raw-field vectors (float64, one device) without leaving the device."""
+
+    def __init__(self, device) -> None:
+        self.identity = torch.tensor(IDENTITY, dtype=torch.float64, device=device)
+        how = [h for _, h in FIELDS]
+        self.is_sum = torch.tensor([h == "sum" for h in how], device=device)
+        self.is_max = torch.tensor([h == "max" for h in how], device=device)
+        self._index: dict[tuple[str, ...], torch.Tensor] = {}  # made once per key set: no
+        # host-to-device copy per call
+
+    def vector(self, values: dict[str, torch.Tensor]) -> torch.Tensor:
+        v = self.identity.clone()
+        if values:
+            names = tuple(values)
+            idx = self._index.get(names)
+            if idx is None:
+                idx = self._index[names] = torch.tensor([INDEX[k] for k in names],
+                                                        device=v.device)
+            v.index_copy_(0, idx, torch.stack([t.to(torch.float64).reshape(())
+                                               for t in values.values()]))
+        return v
+
+    def combine(self, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+        return torch.where(self.is_sum, a + b,
+                           torch.where(self.is_max, torch.maximum(a, b), torch.minimum(a, b)))
+
+
+def _full(v: float, like: torch.Tensor) -> torch.Tensor:
+    return torch.full((), float(v), dtype=torch.float64, device=like.device)
+
+
+def tensor_stats(t: torch.Tensor) -> dict[str, torch.Tensor]:
+    """Plain statistics of one tensor (as observed, no quantization); {} for an empty tensor."""
+    x = t.detach()
+    if x.numel() == 0:
+        return {}
+    a = x.abs().to(torch.float64)
+    fin = torch.isfinite(a)
+    af = torch.where(fin, a, 0.0)
+    return {"calls": _full(1, a), "n": _full(x.numel(), a), "n_nan": torch.isnan(a).sum(),
+            "n_inf": torch.isinf(a).sum(), "n_zero": (a == 0).sum(), "amax": af.amax(),
+            "min_nonzero": torch.where(af > 0, af, math.inf).amin(),
+            "sum_sq": (af * af).sum()}
+
+
+def as_2d(t: torch.Tensor) -> torch.Tensor:
+    """The float64 (rows, cols) view a linear layer's GEMM quantizes along cols."""
+    x = t.detach().to(torch.float64)
+    return x.reshape(-1, x.shape[-1]) if x.dim() != 2 else x
+
+
+def pad_to_blocks(x2: torch.Tensor, block) -> torch.Tensor:
+    """Zero-pad (rows, cols) to whole blocks: k along cols, or (r, c) tiles."""
+    r, c = block if isinstance(block, tuple) else (1, block or 1)
+    pr, pc = (-x2.shape[0]) % r, (-x2.shape[1]) % c
+    return torch.nn.functional.pad(x2, (0, pc, 0, pr)) if pr or pc else x2
+
+
+def blocks(v: torch.Tensor, block) -> torch.Tensor:
+    """(n_blocks, elements) of a padded (rows, cols) tensor, in the order the quantizers lay
+    their scales out (row-major over the block grid)."""
+    if isinstance(block, tuple):
+        r, c = block
+        rows, cols = v.shape
+        return v.reshape(rows // r, r, cols // c, c).transpose(1, 2).reshape(-1, r * c)
+    return v.reshape(-1, block)
+
+
+def block_scales(enc) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """(log2 of each block's decode scale, whether it sits at its format's range end), flat in
+    block order; None for a format without block scales (FP8 tensor/row, INT8).
+
+    MX: the E8M0 exponent; at the end of E8M0's range: 127 (or the NaN code) above, -127 below.
+    NVFP4: e4m3 block scale x fp32 tensor scale; at the end: a flushed block (scale 0; the top,
+    448, is where the tensor's own amax block lands by design, so it does not count).
+    FP8 block128 / block128x128: the fp32 decode scale 1/scale; at the end: an encode scale
+    clamped to the fp32 max (a block amax below 448 / fp32 max)."""
+    if isinstance(enc, MXQuantized):
+        e = enc.scale_exp.to(torch.float64).flatten()
+        return e, (e >= E8M0_EMAX) | (e <= E8M0_EMIN)
+    if isinstance(enc, NVFP4Quantized):
+        s = (enc.block_scale * enc.tensor_scale).flatten()
+        return torch.log2(s), s == 0
+    if isinstance(enc, FP8Quantized) and enc.granularity in ("block128", "block128x128"):
+        s = enc.scale.to(torch.float64).flatten()
+        return -torch.log2(s), s >= torch.finfo(torch.float32).max
+    return None
+
+
+def quant_stats(t: torch.Tensor, quantizer) -> dict[str, torch.Tensor]:
+    """What ``quantizer`` (a Quantizer: its ``format``) does to t, from numcheck's reference
+    quantizer run in float64 (RNE: stochastic rounding keeps these scales and only adds
+    unbiased element noise). Element statistics and, for block formats, per-block ones."""
+    if t.numel() == 0 or t.dim() == 0:
+        return {}
+    fmt = quantizer.format
+    x2 = as_2d(t)
+    xp = pad_to_blocks(x2, fmt.block)
+    enc = fmt.encode(xp, -1)
+    q = fmt.decode(enc)
+    sat = fmt.saturation(xp, -1)
+    fin = torch.isfinite(xp)
+    err = torch.where(fin, (q - xp) ** 2, 0.0)
+    sig = torch.where(fin, xp * xp, 0.0)
+    out = {"q_n": _full(x2.numel(), xp), "q_underflow": ((xp != 0) & (q == 0)).sum(),
+           "q_saturated": sat.sum(), "q_sig_sq": sig.sum(), "q_err_sq": err.sum()}
+    scales = block_scales(enc)
+    if scales is None:
+        return out
+    log2s, at_end = scales
+    xb = blocks(xp, fmt.block)
+    live = xb.abs().amax(-1) > 0   # all-zero (and padding-only) blocks have no scale to speak of
+    scaled = live & torch.isfinite(log2s)
+    ls = torch.where(scaled, log2s, 0.0)
+    bsig, berr = blocks(sig, fmt.block).sum(-1), blocks(err, fmt.block).sum(-1)
+    bsqnr = 10.0 * torch.log10(bsig / berr)   # err 0 -> +inf
+    out.update({
+        "blk_n": live.sum(), "blk_scaled_n": scaled.sum(),
+        "blk_log2_min": torch.where(scaled, log2s, math.inf).amin(),
+        "blk_log2_max": torch.where(scaled, log2s, -math.inf).amax(),
+        "blk_log2_sum": ls.sum(), "blk_log2_sumsq": (ls * ls).sum(),
+        "blk_clip": (blocks(sat, fmt.block).any(-1) & live).sum(),
+        "blk_scale_sat": (at_end & live).sum(),
+        "blk_sqnr_min_db": torch.where(live, bsqnr, math.inf).amin()})
+    return out
+
+
+def sqnr_pair(out: torch.Tensor, ref64: torch.Tensor, prefix: str) -> dict[str, torch.Tensor]:
+    """{prefix_n, prefix_sig_sq, prefix_err_sq}: out against a float64 reference (finite
+    reference elements; a non-finite ``out`` there makes the error infinite, as it should)."""
+    o = out.detach().to(torch.float64)
+    r = ref64.detach().to(torch.float64)
+    fin = torch.isfinite(r)
+    d = torch.where(fin, o - r, 0.0)
+    return {f"{prefix}_n": _full(1, r), f"{prefix}_sig_sq": torch.where(fin, r * r, 0.0).sum(),
+            f"{prefix}_err_sq": (d * d).sum()}
+
+
+# ---- derived columns and merging (pandas, on the host) ---------------------------------------
+
+def _db(sig, err):
+    import numpy as np
+    with np.errstate(divide="ignore", invalid="ignore"):
+        return 10.0 * np.log10(sig / err)
+
+
+def derive(df):
+    """Add the derived columns (DERIVED) to a frame of raw fields, in place; returns it."""
+    import numpy as np
+    with np.errstate(divide="ignore", invalid="ignore"):
+        df["nonfinite"] = df["n_nan"] + df["n_inf"]
+        ok = np.isfinite(df["min_nonzero"]) & (df["min_nonzero"] > 0)
+        df["dynamic_range_binades"] = np.where(ok, np.log2(df["amax"] / df["min_nonzero"]),
+                                               np.nan)
+        q = df["q_n"] > 0
+        df["underflow_pct"] = np.where(q, 100.0 * df["q_underflow"] / (df["n"] - df["n_zero"]),
+                                       np.nan)
+        df["saturation_pct"] = np.where(q, 100.0 * df["q_saturated"] / df["q_n"], np.nan)
+        df["sqnr_db"] = np.where(q, _db(df["q_sig_sq"], df["q_err_sq"]), np.nan)
+        k = df["blk_scaled_n"]
+        s = k > 0
+        mean = df["blk_log2_sum"] / k
+        var = np.maximum(df["blk_log2_sumsq"] / k - mean * mean, 0.0)
+        df["scale_min_binades"] = np.where(s, df["blk_log2_min"], np.nan)
+        df["scale_max_binades"] = np.where(s, df["blk_log2_max"], np.nan)
+        df["scale_std_binades"] = np.where(s, np.sqrt(var), np.nan)
+        b = df["blk_n"] > 0
+        df["block_clip_pct"] = np.where(b, 100.0 * df["blk_clip"] / df["blk_n"], np.nan)
+        df["scale_sat_pct"] = np.where(b, 100.0 * df["blk_scale_sat"] / df["blk_n"], np.nan)
+        df["worst_block_sqnr_db"] = np.where(b, df["blk_sqnr_min_db"], np.nan)
+        df["shadow_sqnr_db"] = np.where(df["sh_n"] > 0, _db(df["sh_sig_sq"], df["sh_err_sq"]),
+                                        np.nan)
+        df["e2e_sqnr_db"] = np.where(df["e2e_n"] > 0, _db(df["e2e_sig_sq"], df["e2e_err_sq"]),
+                                     np.nan)
+    return df
+
+
+def frame(rows: list[dict]):
+    """A records() frame (KEY, raw fields, derived columns) from raw rows."""
+    import pandas as pd
+    df = pd.DataFrame(rows, columns=list(KEY + NAMES))
+    df[list(NAMES)] = df[list(NAMES)].astype("float64")
+    df["what_if"] = df["what_if"].astype(bool)
+    return derive(df)[list(COLUMNS)]
+
+
+def merge(frames):
+    """Merge per-rank records() frames (or parquet paths): sums add, maxima and minima take the
+    max and min, then the derived columns are recomputed. Rows are matched on (step, module,
+    op, role, pass, recipe, what_if); the merged rows have rank -1. A replicated tensor (the
+    same weight on every rank) is counted once per rank: its sums grow, its percentages and
+    SQNRs do not change."""
+    import pandas as pd
+    frames = [pd.read_parquet(f) if not isinstance(f, pd.DataFrame) else f for f in frames]
+    if not frames:
+        return frame([])
+    df = pd.concat(frames, ignore_index=True)
+    keys = [k for k in KEY if k != "rank"]
+    out = df.groupby(keys, sort=True, dropna=False).agg(dict(FIELDS)).reset_index()
+    out["rank"] = -1
+    return derive(out)[list(COLUMNS)]

@@ -1,0 +1,113 @@
+"""``numcheck inspect``: train a model for a few steps under ``watch`` and say what it saw.
+
+A model is a built-in tiny model (``mlp``, ``tiny_lm``, ``tiny_dit``: numcheck.convergence) or
+``module:attr``, a callable ``attr(seed) -> (model, task, lr)`` like
+``numcheck.convergence.models.build``: ``model.loss(batch)`` gives the loss and
+``task.batch_at(seed, step)`` the batch of a step. The run is plain fp32 AdamW; the recipe and
+the what-if recipes are measured on its tensors (what their reference quantizers would make of
+them), never applied, so the statistics describe the model, not a perturbed run.
+"""
+from __future__ import annotations
+
+import importlib
+from pathlib import Path
+
+import torch
+
+from ..errors import UsageError
+from .fields import merge
+from .watch import NonFinite, Telemetry, watch
+
+# The per-layer table's columns: what a reader asks first of a layer's tensors.
+TABLE = ("amax", "dynamic_range_binades", "underflow_pct", "saturation_pct", "sqnr_db",
+         "worst_block_sqnr_db", "shadow_sqnr_db")
+
+
+def load(ref: str, seed: int = 0):
+    """(model, task, lr) of a built-in model name or ``module:attr``; UsageError otherwise."""
+    if ":" not in ref:
+        from ..convergence.models import build
+        return build(ref, seed)
+    mod_name, attr = ref.split(":", 1)
+    try:
+        factory = getattr(importlib.import_module(mod_name), attr)
+    except (ImportError, AttributeError) as e:
+        raise UsageError(f"--model {ref!r}: cannot load it ({type(e).__name__}: {e}); give "
+                         f"module:attr of a callable seed -> (model, task, lr) on PYTHONPATH") from e
+    got = factory(seed)
+    if not (isinstance(got, tuple) and len(got) == 3 and isinstance(got[0], torch.nn.Module)):
+        raise UsageError(f"--model {ref!r}: {attr}(seed) must return (model, task, lr)")
+    return got
+
+
+def run(ref: str, *, recipe=None, what_if=(), shadow: bool = False, steps: int = 5,
+        seed: int = 0) -> Telemetry:
+    """Train ``ref`` for ``steps`` steps under ``watch``; a step whose loss is not finite ends
+    the run (the first non-finite producer is what a reader wants then)."""
+    model, task, lr = load(ref, seed)
+    opt = torch.optim.AdamW(model.parameters(), lr=lr)
+    with watch(model, recipe=recipe, shadow=shadow, what_if=what_if) as t:
+        for step in range(steps):
+            loss = model.loss(task.batch_at(seed, step))
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            opt.step()
+            t.step()
+            if not torch.isfinite(loss.detach()).all():
+                break
+    return t
+
+
+def table(frame, step: int | None = None) -> str:
+    """The per-layer table of one step (default the last): one line per (module, op, role,
+    recipe) of the observed run, the TABLE columns."""
+    if frame.empty:
+        return "(no records)"
+    last = frame[(frame["step"] == (frame["step"].max() if step is None else step)) &
+                 (~frame["what_if"])]
+    cols = ["module", "op", "role", "recipe", *[c for c in TABLE if c in last.columns]]
+    return last[cols].to_string(index=False, float_format=lambda v: f"{v:.4g}")
+
+
+def producer_line(where: NonFinite | None) -> str:
+    if where is None:
+        return "first non-finite producer: none (every tensor finite, or only propagated)"
+    ins = ", ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}"
+                    for k, v in (where.inputs or {}).items())
+    return (f"first non-finite producer: step {where.step}, {where.module} ({where.op}), "
+            f"{where.role} in the {where.pass_} pass; its inputs: {ins}")
+
+
+def plot(frame, path: Path, column: str = "sqnr_db") -> Path | None:
+    """A per-layer x step heatmap of ``column`` for the quantized inputs (``amax`` of every
+    output when no recipe was measured); None when there is nothing to draw."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    obs = frame[~frame["what_if"]]
+    sel = obs[(obs["role"] == "input") & obs[column].notna()] if column in obs else obs.iloc[0:0]
+    if sel.empty:
+        column, sel = "amax", obs[obs["role"] == "output"]
+    if sel.empty:
+        return None
+    grid = sel.pivot_table(index="module", columns="step", values=column, aggfunc="min")
+    fig, ax = plt.subplots(figsize=(1.5 + 0.4 * grid.shape[1], 1 + 0.3 * grid.shape[0]))
+    im = ax.imshow(grid.to_numpy(dtype=float), aspect="auto", cmap="RdYlGn")
+    ax.set_yticks(range(len(grid.index)), grid.index, fontsize=7)
+    ax.set_xticks(range(len(grid.columns)), grid.columns)
+    ax.set_xlabel("step")
+    ax.set_title(f"{column} per layer and step")
+    fig.colorbar(im, ax=ax)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def merge_files(paths: list[str]):
+    """Per-rank parquet files -> one frame (numcheck.telemetry.merge)."""
+    missing = [p for p in paths if not Path(p).exists()]
+    if missing:
+        raise UsageError(f"--merge: no such file(s): {', '.join(missing)}")
+    return merge(paths)

@@ -1,0 +1,521 @@
+"""``watch(model, ...)``: hooks that gather telemetry (numcheck/telemetry/fields.py) while the
+user's own steps run, and find the first non-finite producer (docs/telemetry.md).
+
+Hooks: every submodule gets a forward pre-hook and a forward hook (the module stack, the
+forward producer check); the forward hook puts tensor hooks on the call's outputs and on its
+inputs that need a gradient (grad_output, grad_input, the backward producer check; no module
+full backward hooks: they add graph nodes and change the gradients' last bits); watched modules (``classify``: linear, attention, norm) record their roles, their weight's
+gradient through a tensor hook on the parameter. While the root module's forward runs, a
+TorchFunctionMode records ``F.scaled_dot_product_attention`` (op "sdpa") and softmax (op
+"softmax", the attention probabilities of models that write attention out, as the tiny models
+do) under the innermost module that called them. Nothing is read back to the host in a hook:
+``step()`` reads a step's statistics once.
+"""
+from __future__ import annotations
+
+import copy
+from typing import NamedTuple
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.overrides import TorchFunctionMode
+
+from ..errors import UsageError
+from ..quant.recipe import QuantRecipe, get_recipe
+from . import fields
+
+ROLES = ("input", "weight", "output", "grad_output", "grad_input", "grad_weight")
+QUANT_ROLE = {"input": "x", "weight": "w", "grad_output": "grad"}  # linear roles a recipe has
+ROOT = "<model>"
+_OPS = {F.scaled_dot_product_attention: "sdpa", torch.softmax: "softmax",
+        torch.Tensor.softmax: "softmax", F.softmax: "softmax"}
+_DOWNCASTS = (torch.Tensor.float, torch.Tensor.half, torch.Tensor.bfloat16)
+
+
+class _Where(NamedTuple):
+    step: int
+    module: str
+    op: str
+    role: str
+    pass_: str
+
+
+class NonFinite(_Where):
+    """The first non-finite producer: a 5-tuple (step, module, op, role, pass_) that compares
+    equal to a plain tuple; ``inputs`` holds the statistics of what it consumed (its forward
+    inputs and own parameters, or its grad_output): n, n_nan, n_inf, amax, min_nonzero."""
+
+    inputs: dict
+
+
+def classify(m: nn.Module) -> str | None:
+    """The op a watched module records under, or None (not watched: producer checks only)."""
+    if isinstance(m, nn.MultiheadAttention):
+        return "attention"
+    w = getattr(m, "weight", None)
+    if isinstance(m, nn.Linear) or (hasattr(m, "in_features") and hasattr(m, "out_features")
+                                    and isinstance(w, torch.Tensor) and w.dim() == 2):
+        return "linear"  # nn.Linear and drop-ins (convergence.linear.QuantLinear)
+    if isinstance(m, (nn.LayerNorm, nn.RMSNorm, nn.GroupNorm)) or \
+            type(m).__name__.endswith("Norm"):
+        return "norm"
+    return None
+
+
+def _weight(m: nn.Module) -> torch.Tensor | None:
+    w = getattr(m, "weight", None)
+    if w is None:
+        w = getattr(m, "in_proj_weight", None)
+    return w if isinstance(w, torch.Tensor) else None
+
+
+def _tensors(obj) -> list[torch.Tensor]:
+    """Floating tensors in an argument structure (tensors, tuples, lists, dict values)."""
+    if isinstance(obj, torch.Tensor):
+        return [obj] if obj.is_floating_point() else []
+    if isinstance(obj, (tuple, list)):
+        return [t for o in obj for t in _tensors(o)]
+    if isinstance(obj, dict):
+        return [t for o in obj.values() for t in _tensors(o)]
+    return []
+
+
+def _to64(obj):
+    if isinstance(obj, torch.Tensor):
+        return obj.detach().to(torch.float64) if obj.is_floating_point() else obj
+    if isinstance(obj, (tuple, list)):
+        return type(obj)(_to64(o) for o in obj)
+    if isinstance(obj, dict):
+        return {k: _to64(v) for k, v in obj.items()}
+    return obj
+
+
+def _all_finite(ts: list[torch.Tensor], like: torch.Tensor) -> torch.Tensor:
+    ok = torch.ones((), dtype=torch.bool, device=like.device)
+    for t in ts:
+        if t.numel():
+            ok = ok & torch.isfinite(t.detach()).all().to(ok.device)
+    return ok
+
+
+class KeepFP64(TorchFunctionMode):
+    """Inside the float64 shadows: casts of a float64 tensor down to another float dtype
+    (.float(), .half(), .bfloat16(), .to(float dtype)) keep it float64, so a model that casts
+    to fp32 internally (the tiny models' norms and attention) stays float64."""
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        x = args[0] if args else None
+        if isinstance(x, torch.Tensor) and x.dtype == torch.float64:
+            if func in _DOWNCASTS:
+                return x
+            if func is torch.Tensor.to:
+                args = tuple(a for a in args if not (isinstance(a, torch.dtype)
+                                                     and a.is_floating_point))
+                if isinstance(kwargs.get("dtype"), torch.dtype) and \
+                        kwargs["dtype"].is_floating_point:
+                    kwargs = {k: v for k, v in kwargs.items() if k != "dtype"}
+        return func(*args, **kwargs)
+
+
+class _OpMode(TorchFunctionMode):
+    def __init__(self, tel: Telemetry) -> None:
+        super().__init__()
+        self.tel = tel
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        op = _OPS.get(func)
+        if op is not None and not self.tel.busy:
+            self.tel.on_op(op, (args, kwargs), out)
+        return out
+
+
+def _resolve(recipe) -> QuantRecipe | None:
+    """None for no quantization statistics; a recipe name (RECIPES) or a QuantRecipe-like
+    object with Quantizers (or None) under x, w, grad."""
+    if recipe is None or recipe == "fp32":
+        return None
+    if isinstance(recipe, str):
+        return get_recipe(recipe)
+    if all(hasattr(recipe, r) for r in ("x", "w", "grad")):
+        return recipe
+    raise UsageError(f"watch: recipe {recipe!r}: give a name from numcheck.quant.recipe.RECIPES "
+                     "or a QuantRecipe")
+
+
+class Telemetry:
+    """What ``watch`` returns; see the module doc and docs/telemetry.md."""
+
+    def __init__(self, model: nn.Module, recipe=None, shadow: bool = False, what_if=(),
+                 every: int = 1, enabled: bool = True, rank: int | None = None) -> None:
+        if not isinstance(model, nn.Module):
+            raise UsageError(f"watch: model must be an nn.Module, got {type(model).__name__}")
+        if int(every) < 1:
+            raise UsageError(f"watch: every={every}; give a positive int")
+        self.model, self.every, self.enabled, self.shadow = model, int(every), False, shadow
+        self._closed = False
+        main = _resolve(recipe)
+        self.recipes = ([(getattr(main, "name", "recipe"), main, False)] if main else []) + \
+            [(getattr(r, "name", str(n)), r, True) for n, r in
+             ((n, _resolve(n)) for n in what_if) if r is not None]
+        if rank is None:
+            dist = torch.distributed
+            rank = dist.get_rank() if dist.is_available() and dist.is_initialized() else 0
+        self.rank, self.step_index, self.busy = rank, 0, False
+        self._acc: dict[tuple, torch.Tensor] = {}
+        self._events: list[tuple] = []        # (module, op, role, pass, flag, input vector)
+        self._rows: list[dict] = []
+        self._first: NonFinite | None = None
+        self._vec: fields.Vectors | None = None
+        self._stack: list[str] = []
+        self._gout_ok: dict[str, torch.Tensor] = {}
+        self._gout_vec: dict[str, torch.Tensor] = {}
+        self._mode: _OpMode | None = None
+        self._e2e_out: dict[str, list[torch.Tensor]] = {}
+        self._handles: list = []          # on the model: present only while enabled
+        self._shadow_handles: list = []   # on the float64 copy
+        self._names = names = {m: (n or ROOT) for n, m in model.named_modules()}
+        self._ops = {m: classify(m) for m in names}
+        # float64 shadows, copied before any hook of ours exists (deepcopy copies hooks)
+        self._layer64 = {m: copy.deepcopy(m).to(torch.float64) for m, op in self._ops.items()
+                         if shadow and op in ("norm", "attention")}
+        self._model64 = copy.deepcopy(model).to(torch.float64) if shadow else None
+        if self._model64 is not None:
+            for n, m in self._model64.named_modules():
+                if classify(m):
+                    self._shadow_handles.append(m.register_forward_hook(
+                        self._capture(n or ROOT)))
+        if enabled:
+            self.enable()
+
+    # ---- public --------------------------------------------------------------------------
+
+    def __enter__(self) -> Telemetry:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def enable(self) -> None:
+        """Attach the hooks (again) and record from the current step on."""
+        if self._closed:
+            raise UsageError("telemetry: enable() after close(); start a new watch")
+        if not self._handles:
+            for m, name in self._names.items():
+                self._attach(m, name, self._ops[m], m is self.model)
+        self.enabled = True
+
+    def disable(self) -> None:
+        """Stop recording and take the hooks off the model (the watch stays, with its records
+        and shadows: ``enable()`` resumes). Setting ``enabled = False`` instead leaves the
+        hooks in place, returning at once."""
+        self.enabled = False
+        self._exit_mode()
+        self._stack.clear()
+        for h in self._handles:
+            h.remove()
+        self._handles.clear()
+
+    def close(self) -> None:
+        """End the pending step (if anything was recorded) and remove every hook."""
+        self.disable()
+        if self._acc or self._events:
+            self._flush()
+        for h in self._shadow_handles:
+            h.remove()
+        self._shadow_handles.clear()
+        self._closed = True
+
+    def step(self) -> None:
+        """Mark the end of a step: its statistics are read back to the host here, once."""
+        if self._acc or self._events:
+            self._flush()
+        self.step_index += 1
+
+    def records(self):
+        """pandas DataFrame, one row per (step, module, op, role, pass, recipe)."""
+        return fields.frame(self._rows)
+
+    def to_parquet(self, path) -> None:
+        self.records().to_parquet(path, index=False)
+
+    def first_nonfinite(self) -> NonFinite | None:
+        """(step, module, op, role, pass) of the first module/op that made a NaN or Inf out of
+        finite inputs (forward: inputs and weight; backward: grad_output), or None."""
+        return self._first
+
+    # ---- hooks ---------------------------------------------------------------------------
+
+    @property
+    def recording(self) -> bool:
+        return self.enabled and not self.busy and self.step_index % self.every == 0
+
+    def _checking(self) -> bool:
+        return self.enabled and not self.busy and self._first is None
+
+    def _attach(self, m: nn.Module, name: str, op: str | None, root: bool) -> None:
+        h = self._handles
+        h.append(m.register_forward_pre_hook(self._pre(m, name, root), with_kwargs=True))
+        h.append(m.register_forward_hook(self._post(m, name, op, root), with_kwargs=True))
+        w = _weight(m) if op else None
+        if w is not None and w.requires_grad:
+            h.append(w.register_hook(self._wgrad(name, op)))
+
+    def _pre(self, m, name, root):
+        def hook(mod, args, kwargs):
+            if not self.enabled or self.busy:
+                return
+            self._stack.append(name)
+            if root:
+                if self._model64 is not None and self.recording:
+                    self._run_model64(args, kwargs)
+                self._exit_mode()
+                self._mode = _OpMode(self)
+                self._mode.__enter__()
+        return hook
+
+    def _post(self, m, name, op, root):
+        def hook(mod, args, kwargs, out):
+            if self._stack and self._stack[-1] == name:
+                self._stack.pop()
+            if root:
+                self._exit_mode()
+            if not self.enabled or self.busy:
+                return
+            with torch.no_grad():
+                ins = _tensors(args) + _tensors(kwargs)
+                outs = _tensors(out)
+                if self._checking() and outs:
+                    self._check(name, op or "module", "output", "forward",
+                                ins + list(mod.parameters(recurse=False)), outs)
+                if op and self.recording:
+                    self._record_forward(mod, name, op, args, kwargs, ins, outs)
+            if torch.is_grad_enabled() and (self._checking() or (op and self.recording)):
+                self._backward_hooks(name, op, ins, outs)
+        return hook
+
+    def _backward_hooks(self, name, op, ins, outs) -> None:
+        """Tensor hooks for this call's backward: on its outputs (grad_output) and on its
+        inputs that need a gradient (grad_input). Tensor hooks add no node to the graph, so
+        the backward sums in the same order as without telemetry (module full backward hooks
+        do not: they change the last bits of the gradients)."""
+        for t in outs:
+            if t.requires_grad:
+                t.register_hook(self._gout(name, op))
+        for t in ins:
+            if t.requires_grad:
+                t.register_hook(self._gin(name, op or "module"))
+
+    def _gout(self, name, op):
+        def hook(grad):
+            if not self.enabled or self.busy:
+                return None
+            with torch.no_grad():
+                if self._checking():
+                    ok = _all_finite([grad], grad)
+                    prev = self._gout_ok.get(name)
+                    self._gout_ok[name] = ok if prev is None else prev & ok
+                    self._gout_vec[name] = self._stats_of([grad])
+                if op and self.recording:
+                    self._add(name, op, "grad_output", grad)
+            return None
+        return hook
+
+    def _gin(self, name, op):
+        def hook(grad):
+            if not self.enabled or self.busy:
+                return None
+            with torch.no_grad():
+                if self._checking() and name in self._gout_ok:
+                    self._event(name, op, "grad_input", "backward",
+                                self._gout_ok[name] & ~_all_finite([grad], grad),
+                                self._gout_vec[name])
+                if op != "module" and self.recording:
+                    self._add(name, op, "grad_input", grad)
+            return None
+        return hook
+
+    def _wgrad(self, name, op):
+        def hook(grad):
+            if not self.enabled or self.busy:
+                return None
+            with torch.no_grad():
+                if self._checking() and name in self._gout_ok:
+                    self._event(name, op, "grad_weight", "backward",
+                                self._gout_ok[name] & ~_all_finite([grad], grad),
+                                self._gout_vec[name])
+                if self.recording:
+                    self._add(name, op, "grad_weight", grad)
+            return None
+        return hook
+
+    def on_op(self, op: str, args, out) -> None:
+        """A function-level op (sdpa, softmax) under the innermost running module."""
+        name = self._stack[-1] if self._stack else ROOT
+        with torch.no_grad():
+            ins, outs = _tensors(args), _tensors(out)
+            if self._checking() and outs:
+                self._check(name, op, "output", "forward", ins, outs)
+            if self.recording:
+                for t in ins:
+                    self._add(name, op, "input", t)
+                for t in outs:
+                    self._add(name, op, "output", t)
+
+    # ---- recording -----------------------------------------------------------------------
+
+    def _vectors(self, like: torch.Tensor) -> fields.Vectors:
+        if self._vec is None:
+            self._vec = fields.Vectors(like.device)
+        return self._vec
+
+    def _stats_of(self, ts: list[torch.Tensor]) -> torch.Tensor:
+        v = self._vectors(ts[0])
+        acc = None
+        for t in ts:
+            s = v.vector(fields.tensor_stats(t.to(v.identity.device)))
+            acc = s if acc is None else v.combine(acc, s)
+        return acc
+
+    def _check(self, name, op, role, pass_, ins, outs) -> None:
+        ins = [t for t in ins if t.is_floating_point()]
+        flag = _all_finite(ins, outs[0]) & ~_all_finite(outs, outs[0])
+        self._event(name, op, role, pass_, flag, self._stats_of(ins) if ins else None)
+
+    def _event(self, name, op, role, pass_, flag, vec) -> None:
+        self._events.append((name, op, role, pass_, flag, vec))
+
+    def _add(self, name, op, role, t: torch.Tensor, extra: dict | None = None) -> None:
+        """Accumulate t's statistics into every row it belongs to (the recipe's and each
+        what-if's for a quantized role of a linear layer)."""
+        if t.numel() == 0:
+            return
+        v = self._vectors(t)
+        t = t.to(v.identity.device)
+        base = {**fields.tensor_stats(t), **(extra or {})}
+        tags = [("", None, False)]
+        if op == "linear" and role in QUANT_ROLE and self.recipes:
+            tags = [(n, getattr(r, QUANT_ROLE[role], None), w) for n, r, w in self.recipes]
+            if self.recipes[0][2]:  # what-ifs only: the observed row as well
+                tags.insert(0, ("", None, False))
+        for tag, quantizer, what_if in tags:
+            d = dict(base)
+            if quantizer is not None:
+                d.update(fields.quant_stats(t, quantizer))
+            key = (name, op, role, "backward" if role.startswith("grad") else "forward",
+                   tag, what_if)
+            vec = v.vector(d)
+            self._acc[key] = vec if key not in self._acc else v.combine(self._acc[key], vec)
+
+    def _record_forward(self, mod, name, op, args, kwargs, ins, outs) -> None:
+        for t in ins:
+            self._add(name, op, "input", t)
+        w = _weight(mod)
+        if w is not None:
+            self._add(name, op, "weight", w)
+        if not outs:
+            return
+        extra = {}
+        if self.shadow:
+            ref = self._layer_ref(mod, op, args, kwargs)
+            if ref is not None:
+                extra.update(fields.sqnr_pair(outs[0], ref, "sh"))
+            pending = self._e2e_out.get(name)
+            if pending:
+                extra.update(fields.sqnr_pair(outs[0], pending.pop(0), "e2e"))
+        self._add(name, op, "output", outs[0], extra)
+        for t in outs[1:]:
+            self._add(name, op, "output", t)
+
+    # ---- shadows -------------------------------------------------------------------------
+
+    def _layer_ref(self, mod, op, args, kwargs) -> torch.Tensor | None:
+        """The layer's own output in float64 on the same inputs (its weights copied to fp64)."""
+        dev = _tensors(args)[0].device.type if _tensors(args) else "cpu"
+        self.busy = True
+        try:
+            with torch.autocast(dev, enabled=False), KeepFP64():
+                if op == "linear":
+                    b = getattr(mod, "bias", None)
+                    return F.linear(_to64(args[0]), mod.weight.detach().to(torch.float64),
+                                    None if b is None else b.detach().to(torch.float64))
+                m64 = self._layer64.get(mod)
+                if m64 is None:
+                    return None
+                for p64, p in zip(m64.parameters(), mod.parameters(), strict=True):
+                    p64.copy_(p.detach())
+                out = _tensors(m64(*_to64(args), **_to64(kwargs)))
+                return out[0] if out else None
+        finally:
+            self.busy = False
+
+    def _capture(self, name):
+        def hook(mod, args, out):
+            t = _tensors(out)
+            if t:
+                self._e2e_out.setdefault(name, []).append(t[0].detach())
+        return hook
+
+    def _run_model64(self, args, kwargs) -> None:
+        """Refresh the float64 model copy from the live weights and run it on the same inputs;
+        its watched modules' outputs wait in ``_e2e_out`` for the live ones."""
+        m64 = self._model64
+        self._e2e_out.clear()
+        params = _tensors(args)
+        dev = params[0].device.type if params else "cpu"
+        self.busy = True
+        try:
+            with torch.no_grad(), torch.autocast(dev, enabled=False), KeepFP64():
+                for d, s in zip(m64.state_dict().values(), self.model.state_dict().values(),
+                                strict=True):
+                    d.copy_(s.detach())
+                m64(*_to64(args), **_to64(kwargs))
+        finally:
+            self.busy = False
+
+    # ---- the one read-back per step ------------------------------------------------------
+
+    def _exit_mode(self) -> None:
+        if self._mode is not None:
+            mode, self._mode = self._mode, None
+            mode.__exit__(None, None, None)
+
+    def _flush(self) -> None:
+        keys = list(self._acc)
+        parts = [torch.stack([self._acc[k] for k in keys]).flatten()] if keys else []
+        ev = self._events if self._first is None else []
+        if ev:
+            parts.append(torch.stack([e[4] for e in ev]).to(torch.float64))
+        host = torch.cat([p.to(parts[0].device) for p in parts]).cpu() if parts else None
+        nf = len(fields.NAMES)
+        for i, k in enumerate(keys):
+            raw = host[i * nf:(i + 1) * nf].tolist()
+            self._rows.append({"step": self.step_index, "rank": self.rank, "module": k[0],
+                               "op": k[1], "role": k[2], "pass": k[3], "recipe": k[4],
+                               "what_if": k[5], **dict(zip(fields.NAMES, raw, strict=True))})
+        if ev:
+            flags = host[len(keys) * nf:].tolist()
+            hit = next((e for e, f in zip(ev, flags, strict=True) if f), None)
+            if hit is not None:
+                nf_ = NonFinite(self.step_index, *hit[:4])
+                vec = hit[5]
+                raw = {} if vec is None else dict(zip(fields.NAMES, vec.cpu().tolist(),
+                                                      strict=True))
+                nf_.inputs = {k: raw[k] for k in ("n", "n_nan", "n_inf", "amax",
+                                                              "min_nonzero")} if raw else {}
+                self._first = nf_
+        self._acc.clear()
+        self._events.clear()
+        self._gout_ok.clear()
+        self._gout_vec.clear()
+
+
+def watch(model: nn.Module, recipe=None, shadow: bool = False, what_if=(), every: int = 1, *,
+          enabled: bool = True, rank: int | None = None) -> Telemetry:
+    """Attach telemetry to ``model`` (docs/telemetry.md); use as a context manager, or call
+    ``close()``. ``recipe``/``what_if``: QuantRecipe names (numcheck.quant.recipe.RECIPES) or
+    objects; ``every``: record statistics on every n-th step (producer checks run every step);
+    ``enabled=False`` attaches disabled; ``rank`` defaults to torch.distributed's."""
+    return Telemetry(model, recipe, shadow, what_if, every, enabled, rank)

@@ -1,0 +1,97 @@
+"""`numcheck inspect` (issue 14): a model trained a few steps under numcheck.telemetry; the
+records and heatmap are written, the per-layer table and the first non-finite producer are
+printed; per-rank files merge."""
+from __future__ import annotations
+
+import pandas as pd
+import pytest
+
+from numcheck import cli
+
+OVERFLOW = '''
+import torch
+from torch import nn
+
+
+class Exp(nn.Module):
+    def forward(self, x):
+        return torch.exp(x)   # overflows fp32 once x > 88.7
+
+
+class Net(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.inp = nn.Linear(4, 8)
+        self.act = Exp()
+        self.out = nn.Linear(8, 1)        # propagates the inf it is fed
+        self.norm = nn.LayerNorm(1)
+
+    def loss(self, batch):
+        return self.norm(self.out(self.act(self.inp(batch["x"])))).pow(2).mean()
+
+
+class Task:
+    def batch_at(self, seed, step):
+        g = torch.Generator().manual_seed(step)
+        scale = 1.0 if step < 2 else 1e4   # large activations from step 2 on
+        return {"x": scale * torch.randn(16, 4, generator=g)}
+
+
+def make(seed):
+    torch.manual_seed(seed)
+    return Net(), Task(), 1e-3
+'''
+
+
+def test_inspect_a_tiny_model(tmp_path, capsys):
+    out = tmp_path / "out"
+    assert cli.main(["inspect", "--model", "mlp", "--recipe", "mxfp8", "--what-if", "nvfp4",
+                     "--steps", "2", "--out", str(out)]) == 0
+    text = capsys.readouterr().out
+    assert "first non-finite producer: none" in text and "sqnr_db" in text
+    frame = pd.read_parquet(out / "telemetry.parquet")
+    assert set(frame["step"]) == {0, 1}
+    linear = frame[(frame["op"] == "linear") & ~frame["what_if"]]
+    assert set(linear["role"]) == {"input", "weight", "output", "grad_output", "grad_input",
+                                   "grad_weight"}
+    assert set(frame.loc[frame["what_if"], "recipe"]) == {"nvfp4"}
+    assert (out / "telemetry.png").stat().st_size > 0
+
+
+def test_inspect_names_the_producer_and_exits_1(tmp_path, capsys, monkeypatch):
+    (tmp_path / "overflowing.py").write_text(OVERFLOW)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    assert cli.main(["inspect", "--model", "overflowing:make", "--steps", "4",
+                     "--out", str(tmp_path / "o")]) == 1
+    text = capsys.readouterr().out
+    assert "first non-finite producer: step 2, act (module), output in the forward pass" in text
+
+
+def test_inspect_merges_per_rank_files(tmp_path, capsys):
+    from numcheck import telemetry
+    from numcheck.telemetry import inspect as ins
+
+    t = ins.run("mlp", steps=2)
+    whole = t.records()
+    paths = []
+    for rank in (0, 1):  # two ranks that each saw one of the steps
+        part = whole[whole["step"] == rank].assign(step=0, rank=rank)
+        paths.append(tmp_path / f"rank{rank}.parquet")
+        part.to_parquet(paths[-1], index=False)
+    assert cli.main(["inspect", "--merge", *map(str, paths), "--out", str(tmp_path / "m")]) == 0
+    merged = pd.read_parquet(tmp_path / "m" / "telemetry.parquet")
+    expect = telemetry.merge([pd.read_parquet(p) for p in paths])
+    pd.testing.assert_frame_equal(merged.reset_index(drop=True), expect.reset_index(drop=True))
+    assert (merged["n"].sum() == whole["n"].sum())
+
+
+def test_inspect_usage_errors(capsys):
+    assert cli.main(["inspect"]) == 2
+    assert "give --model" in capsys.readouterr().err
+    assert cli.main(["inspect", "--model", "no_such_module:make"]) == 2
+    assert "cannot load it" in capsys.readouterr().err
+
+
+@pytest.fixture(autouse=True)
+def _cwd(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)

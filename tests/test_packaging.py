@@ -113,6 +113,9 @@ def test_numcheck_run_from_an_empty_folder(wheel, tmp_path):
     assert f"not written, the rows that ran equal the shipped goldens in {shipped}" in ref.stdout
     assert _digests(shipped) == before
 
+    insp = numcheck("inspect", "--model", "mlp", "--steps", "1", "--out", "tel")
+    assert insp.returncode == 0 and (work / "tel" / "telemetry.parquet").exists(), insp.stderr
+
     bad = numcheck("run", *sel, "--golden-dir", str(shipped))
     assert bad.returncode == 2
     assert "inside the installed numcheck package" in bad.stdout + bad.stderr

@@ -8,7 +8,11 @@
 * records travel on the test reports (``record_property``), so under pytest-xdist they reach
   the controller, which alone writes goldens and the results file, once, at the end;
 * a terminal summary (cases, passed, regressed, improved, new, missing golden, skipped with
-  reasons), and DESIGN rule 11: a run in which an op executed nothing fails.
+  reasons, known weaknesses by id), and DESIGN rule 11: a run in which an op executed nothing
+  fails;
+* ``--numcheck-shard I/N`` (numcheck.shards: rule 11 then moves to ``numcheck merge``);
+  progress lines on a terminal (numcheck.progress); torch's debug log records kept out of a
+  numcheck test's captured log, and one GPU per xdist worker on CUDA machines with several.
 """
 from __future__ import annotations
 

@@ -437,9 +437,9 @@ def _report_path(args: argparse.Namespace, results):
 
     report = Path(args.report).resolve() if args.report else results.with_name("report.md")
     if report.suffix == ".html":
-        raise UsageError(f"--report {args.report}: names the markdown report; the HTML report "
-                         f"is written beside it ({report.with_suffix('.html').name} of a .md "
-                         f"name)")
+        raise UsageError(f"--report {args.report}: names the markdown report; give a .md "
+                         f"name, the HTML report is written beside it as "
+                         f"{report.with_suffix('.html').name}")
     return report
 
 

@@ -367,3 +367,168 @@ def test_hooks_detach_on_exit():
     assert len(t.records()) == n  # nothing recorded after the watch
     assert not torch.overrides.has_torch_function_variadic(torch.ones(1))
     assert torch.ones(2).softmax(0).sum() == 1  # no mode left on the stack to intercept it
+
+
+# ---- defects found in review -----------------------------------------------------------------
+
+class _SelfAttn(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.inp, self.drop = nn.Linear(8, 8), nn.Dropout(0.5)
+        self.attn = nn.MultiheadAttention(8, 2, dropout=0.5, batch_first=True)
+        self.out = nn.Linear(8, 1)
+
+    def forward(self, x):
+        h = self.drop(self.inp(x))
+        return self.out(self.attn(h, h, h, need_weights=False)[0])
+
+
+def test_shadow_leaves_the_runs_dropout_alone_and_follows_eval():
+    def run(shadow, steps=2):
+        torch.manual_seed(0)
+        model = _SelfAttn()
+        x = torch.randn(2, 5, 8)
+        outs, grads = [], []
+        with telemetry.watch(model, shadow=shadow) as t:
+            for _ in range(steps):
+                y = model(x)
+                y.sum().backward()
+                t.step()
+                outs.append(y.detach())
+                grads.append(model.inp.weight.grad.clone())
+            model.eval()  # after watch made its float64 copies
+            with torch.no_grad():
+                model(x)
+            t.step()
+        return outs, grads, t.records()
+
+    plain_out, plain_grad, _ = run(False)
+    out, grad, df = run(True)
+    for a, b in zip(plain_out + plain_grad, out + grad, strict=True):
+        assert torch.equal(a, b), "shadow=True changed the run's dropout draws"
+    ev = df[(df.step == 2) & (df.role == "output")].set_index("module")
+    assert (ev.loc[["inp", "attn", "out"], "e2e_sqnr_db"] > 90).all()
+    assert ev.loc["attn", "shadow_sqnr_db"] > 90  # the per-layer copy is in eval mode too
+
+
+class _Twice(nn.Module):
+    def __init__(self, shared):
+        super().__init__()
+        self.a = nn.Linear(4, 4, bias=False)
+        self.b = self.a if shared else nn.Linear(4, 4, bias=False)
+        for lin in (self.a, self.b):
+            nn.init.constant_(lin.weight, 1e30)
+
+    def forward(self, x):
+        return self.b(self.a(x))
+
+
+@pytest.mark.parametrize("shared", [False, True])
+def test_module_called_twice_names_its_second_calls_backward_overflow(shared):
+    model = _Twice(shared)
+    with telemetry.watch(model) as t:
+        (model(torch.full((1, 4), 1e-38)) * 1e10).sum().backward()  # W^T g = 4e40: inf
+        t.step()
+    assert t.first_nonfinite() == (0, "a" if shared else "b", "linear", "grad_input",
+                                   "backward")
+
+
+class _InPlaceBoom(nn.Module):
+    def forward(self, x):
+        return x.mul_(1e38)
+
+
+def test_in_place_producer_is_named_not_its_container():
+    model = nn.Sequential(nn.Sequential(nn.Linear(4, 4), _InPlaceBoom()), nn.Linear(4, 1))
+    with torch.no_grad():
+        model[0][0].weight.fill_(1.0)
+        model[0][0].bias.zero_()
+    with torch.no_grad(), telemetry.watch(model) as t:
+        model(torch.full((2, 4), 100.0))
+        t.step()
+    nf = t.first_nonfinite()
+    assert nf == (0, "0.1", "module", "output", "forward")
+    assert nf.inputs["n_inf"] == 0 and nf.inputs["amax"] == pytest.approx(400.0)
+
+
+class _ParamFed(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.p = nn.Parameter(torch.randn(4, 8))
+        self.lin = nn.Linear(8, 1)
+
+    def forward(self):
+        return self.lin(self.p)
+
+
+def test_hooks_on_a_leaf_input_do_not_pile_up_and_leave_with_the_watch():
+    model = _ParamFed()
+    with telemetry.watch(model) as t:
+        for _ in range(3):
+            model().sum().backward()
+            t.step()
+        assert not model.p._backward_hooks  # removed at each step's end
+        model().sum().backward()
+        t.disable()
+        assert not model.p._backward_hooks
+        t.enable()
+        model()  # a forward without its backward: close() takes its hook off
+    df = t.records()
+    gin = df[(df.module == "lin") & (df.role == "grad_input")]
+    assert list(gin.calls) == [1.0, 1.0, 1.0, 1.0]
+    assert not model.p._backward_hooks
+
+
+class _KwLinear(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.Linear(4, 4)
+
+    def forward(self, x):
+        return self.lin(input=x)
+
+
+def test_shadow_of_a_linear_called_with_keywords():
+    model = _KwLinear()
+    with telemetry.watch(model, shadow=True) as t:
+        model(torch.randn(2, 4))
+        t.step()
+    df = t.records()
+    out = df[(df.module == "lin") & (df.role == "output")].iloc[0]
+    assert out.shadow_sqnr_db > 100 and out.e2e_sqnr_db > 100
+
+
+def test_underflow_pct_over_finite_nonzero_and_nan_blocks_counted():
+    gen = torch.Generator().manual_seed(5)
+    x = _planted(8, 64, gen)
+    x[5, 0] = math.nan      # block (5, 0)
+    x[6, 40] = math.nan     # block (6, 1)
+    x[7, 3] = math.inf
+    x[0, 1:3] = 1e-12       # far below block 0's amax: quantized to zero
+    row = _observed("mxfp8", x, torch.randn(4, 64, generator=gen))["input"]
+    finite_nonzero = int((torch.isfinite(x) & (x != 0)).sum())
+    assert row.n_nan == 2 and row.n_inf == 1 and row.q_underflow > 0
+    assert row.underflow_pct == pytest.approx(100.0 * row.q_underflow / finite_nonzero)
+    assert row.blk_nan == 2 and row.blk_n == 8 * 2 - 1 - 2  # x[2, :32] is an all-zero block
+
+
+class _BareSqrt(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.l1, self.l2 = nn.Linear(4, 4), nn.Linear(4, 1)
+
+    def forward(self, x):
+        h = torch.relu(self.l1(x))
+        return self.l2(h).sum() + torch.sqrt(h).sum()  # sqrt'(0) = inf: a bare op's overflow
+
+
+def test_a_bare_ops_backward_overflow_is_not_blamed_on_a_module_sharing_its_input():
+    model = _BareSqrt()
+    with torch.no_grad():
+        model.l1.bias.fill_(-100.0)  # h == 0 exactly
+    with telemetry.watch(model) as t:
+        model(torch.randn(2, 4)).backward()
+        t.step()
+    assert t.first_nonfinite() is None  # l2's own share of h's gradient is finite
+    gin = t.records().query("module == 'l2' and role == 'grad_input'").iloc[0]
+    assert gin.nonfinite > 0  # the row still shows the tensor's total gradient

@@ -42,6 +42,8 @@ FIELDS: tuple[tuple[str, str], ...] = (
     ("blk_clip", "sum"),        # live blocks with a saturated element (amax clips)
     ("blk_scale_sat", "sum"),   # live blocks whose scale sits at its format's range end
     ("blk_sqnr_min_db", "min"),  # the worst live block's SQNR
+    ("blk_nan", "sum"),         # blocks holding a NaN: no scale to speak of, so not live and
+                                # in no other block statistic; counted here
     ("sh_n", "sum"), ("sh_sig_sq", "sum"), ("sh_err_sq", "sum"),     # layer's own (shadow)
     ("e2e_n", "sum"), ("e2e_sig_sq", "sum"), ("e2e_err_sq", "sum"),  # vs an fp64 model copy
 )
@@ -167,7 +169,10 @@ def quant_stats(t: torch.Tensor, quantizer) -> dict[str, torch.Tensor]:
         return out
     log2s, at_end = scales
     xb = blocks(xp, fmt.block)
-    live = xb.abs().amax(-1) > 0   # all-zero (and padding-only) blocks have no scale to speak of
+    has_nan = torch.isnan(xb).any(-1)
+    # all-zero (and padding-only) blocks have no scale to speak of, nor have blocks with a NaN
+    # (their amax is NaN); the latter are counted in blk_nan
+    live = (xb.abs().amax(-1) > 0) & ~has_nan
     scaled = live & torch.isfinite(log2s)
     ls = torch.where(scaled, log2s, 0.0)
     bsig, berr = blocks(sig, fmt.block).sum(-1), blocks(err, fmt.block).sum(-1)
@@ -179,7 +184,8 @@ def quant_stats(t: torch.Tensor, quantizer) -> dict[str, torch.Tensor]:
         "blk_log2_sum": ls.sum(), "blk_log2_sumsq": (ls * ls).sum(),
         "blk_clip": (blocks(sat, fmt.block).any(-1) & live).sum(),
         "blk_scale_sat": (at_end & live).sum(),
-        "blk_sqnr_min_db": torch.where(live, bsqnr, math.inf).amin()})
+        "blk_sqnr_min_db": torch.where(live, bsqnr, math.inf).amin(),
+        "blk_nan": has_nan.sum()})
     return out
 
 
@@ -211,8 +217,9 @@ def derive(df):
         df["dynamic_range_binades"] = np.where(ok, np.log2(df["amax"] / df["min_nonzero"]),
                                                np.nan)
         q = df["q_n"] > 0
-        df["underflow_pct"] = np.where(q, 100.0 * df["q_underflow"] / (df["n"] - df["n_zero"]),
-                                       np.nan)
+        # of the finite non-zero elements (NaN and Inf never quantize to zero)
+        nz = df["n"] - df["n_zero"] - df["n_nan"] - df["n_inf"]
+        df["underflow_pct"] = np.where(q, 100.0 * df["q_underflow"] / nz, np.nan)
         df["saturation_pct"] = np.where(q, 100.0 * df["q_saturated"] / df["q_n"], np.nan)
         df["sqnr_db"] = np.where(q, _db(df["q_sig_sq"], df["q_err_sq"]), np.nan)
         k = df["blk_scaled_n"]

@@ -3,8 +3,9 @@ user's own steps run, and find the first non-finite producer (docs/telemetry.md)
 
 Hooks: every submodule gets a forward pre-hook and a forward hook (the module stack, the
 forward producer check); the forward hook puts tensor hooks on the call's outputs and on its
-inputs that need a gradient (grad_output, grad_input, the backward producer check; no module
-full backward hooks: they add graph nodes and change the gradients' last bits); watched modules (``classify``: linear, attention, norm) record their roles, their weight's
+inputs that need a gradient (grad_output, grad_input), and hooks on the autograd nodes the
+call made that consume its inputs (the backward producer check, per call; no module full
+backward hooks: they add graph nodes and change the gradients' last bits); watched modules (``classify``: linear, attention, norm) record their roles, their weight's
 gradient through a tensor hook on the parameter. While the root module's forward runs, a
 TorchFunctionMode records ``F.scaled_dot_product_attention`` (op "sdpa") and softmax (op
 "softmax", the attention probabilities of models that write attention out, as the tiny models
@@ -13,6 +14,7 @@ do) under the innermost module that called them. Nothing is read back to the hos
 """
 from __future__ import annotations
 
+import contextlib
 import copy
 from typing import NamedTuple
 
@@ -99,6 +101,31 @@ def _all_finite(ts: list[torch.Tensor], like: torch.Tensor) -> torch.Tensor:
     return ok
 
 
+def _same_modes(live: nn.Module, copy64: nn.Module) -> None:
+    """Give every module of a float64 copy the live module's train/eval mode (the copy was
+    made once, at ``watch``; ``model.eval()`` after that must reach it too)."""
+    for a, b in zip(live.modules(), copy64.modules(), strict=True):
+        b.training = a.training
+
+
+def _own_rng(*objs) -> contextlib.ExitStack:
+    """A context in which the shadows draw random numbers (dropout) from a fork of the CPU
+    generator and of the generators of every accelerator device the tensors of ``objs``
+    (modules, argument structures) live on: the live run's draws stay what they were."""
+    devs: dict[str, set[int]] = {}
+    for o in objs:
+        ts = [*o.parameters(), *o.buffers()] if isinstance(o, nn.Module) else _tensors(o)
+        for t in ts:
+            if t.device.type not in ("cpu", "meta"):
+                devs.setdefault(t.device.type, set()).add(t.device.index or 0)
+    stack = contextlib.ExitStack()
+    if not devs:
+        stack.enter_context(torch.random.fork_rng(devices=[]))
+    for kind, idx in devs.items():
+        stack.enter_context(torch.random.fork_rng(devices=sorted(idx), device_type=kind))
+    return stack
+
+
 class KeepFP64(TorchFunctionMode):
     """Inside the float64 shadows: casts of a float64 tensor down to another float dtype
     (.float(), .half(), .bfloat16(), .to(float dtype)) keep it float64, so a model that casts
@@ -169,9 +196,13 @@ class Telemetry:
         self._rows: list[dict] = []
         self._first: NonFinite | None = None
         self._vec: fields.Vectors | None = None
-        self._stack: list[str] = []
-        self._gout_ok: dict[str, torch.Tensor] = {}
-        self._gout_vec: dict[str, torch.Tensor] = {}
+        # running modules, innermost last: (name, (inputs finite, their stats) read before
+        # the forward ran, or None when not checking)
+        self._stack: list[tuple[str, tuple | None]] = []
+        # per forward call of a module in this step: [grad_output finite, its stats], filled
+        # by that call's grad_output hooks, read by its grad_input hooks and the weight's
+        self._cells: dict[str, list[list]] = {}
+        self._leaf_handles: list = []     # tensor hooks on leaf tensors: removed at step end
         self._mode: _OpMode | None = None
         self._e2e_out: dict[str, list[torch.Tensor]] = {}
         self._handles: list = []          # on the model: present only while enabled
@@ -217,12 +248,14 @@ class Telemetry:
         for h in self._handles:
             h.remove()
         self._handles.clear()
+        self._drop_leaf_hooks()
 
     def close(self) -> None:
         """End the pending step (if anything was recorded) and remove every hook."""
         self.disable()
         if self._acc or self._events:
             self._flush()
+        self._cells.clear()
         for h in self._shadow_handles:
             h.remove()
         self._shadow_handles.clear()
@@ -232,6 +265,8 @@ class Telemetry:
         """Mark the end of a step: its statistics are read back to the host here, once."""
         if self._acc or self._events:
             self._flush()
+        self._cells.clear()
+        self._drop_leaf_hooks()
         self.step_index += 1
 
     def records(self):
@@ -267,7 +302,15 @@ class Telemetry:
         def hook(mod, args, kwargs):
             if not self.enabled or self.busy:
                 return
-            self._stack.append(name)
+            pre = None
+            if self._checking():
+                # read before the forward runs: an in-place module changes its input
+                ins = _tensors(args) + _tensors(kwargs) + \
+                    [p for p in mod.parameters(recurse=False) if p.is_floating_point()]
+                if ins:
+                    with torch.no_grad():
+                        pre = (_all_finite(ins, ins[0]), self._stats_of(ins))
+            self._stack.append((name, pre))
             if root:
                 if self._model64 is not None and self.recording:
                     self._run_model64(args, kwargs)
@@ -278,8 +321,9 @@ class Telemetry:
 
     def _post(self, m, name, op, root):
         def hook(mod, args, kwargs, out):
-            if self._stack and self._stack[-1] == name:
-                self._stack.pop()
+            pre = None
+            if self._stack and self._stack[-1][0] == name:
+                pre = self._stack.pop()[1]
             if root:
                 self._exit_mode()
             if not self.enabled or self.busy:
@@ -288,8 +332,13 @@ class Telemetry:
                 ins = _tensors(args) + _tensors(kwargs)
                 outs = _tensors(out)
                 if self._checking() and outs:
-                    self._check(name, op or "module", "output", "forward",
-                                ins + list(mod.parameters(recurse=False)), outs)
+                    if pre is not None:
+                        ok, vec = pre
+                        self._event(name, op or "module", "output", "forward",
+                                    ok.to(outs[0].device) & ~_all_finite(outs, outs[0]), vec)
+                    else:
+                        self._check(name, op or "module", "output", "forward",
+                                    ins + list(mod.parameters(recurse=False)), outs)
                 if op and self.recording:
                     self._record_forward(mod, name, op, args, kwargs, ins, outs)
             if torch.is_grad_enabled() and (self._checking() or (op and self.recording)):
@@ -300,38 +349,99 @@ class Telemetry:
         """Tensor hooks for this call's backward: on its outputs (grad_output) and on its
         inputs that need a gradient (grad_input). Tensor hooks add no node to the graph, so
         the backward sums in the same order as without telemetry (module full backward hooks
-        do not: they change the last bits of the gradients)."""
+        do not: they change the last bits of the gradients). One cell per call: a module
+        called twice checks each call's grad_input against that call's grad_output. Hooks on
+        leaf tensors (a Parameter fed to a module) outlive the graph: their handles are kept
+        and removed at the step's end, on disable() and on close()."""
+        cell: list = [None, None]   # [grad_output finite, its stats]
+        self._cells.setdefault(name, []).append(cell)
         for t in outs:
             if t.requires_grad:
-                t.register_hook(self._gout(name, op))
-        for t in ins:
-            if t.requires_grad:
-                t.register_hook(self._gin(name, op or "module"))
+                self._keep(t, t.register_hook(self._gout(name, op, cell)))
+        need = [t for t in ins if t.requires_grad]
+        own = self._consumers(need, outs) if need and self._checking() else None
+        if own:   # check this call's own share of each input's gradient, edge by edge
+            for node, edges in own.items():
+                node.register_hook(self._edges(name, op or "module", cell, edges))
+        for t in need:
+            self._keep(t, t.register_hook(self._gin(name, op or "module", cell,
+                                                    check=not own)))
 
-    def _gout(self, name, op):
+    @staticmethod
+    def _consumers(ins, outs) -> dict | None:
+        """The autograd nodes this call created that consume its inputs: {node: [edge index]},
+        found walking back from the outputs' nodes. The walk stops at the inputs, at leaves
+        and at nodes older than the newest input's (made before this call). None when some
+        input has no consumer found (then its total gradient is checked, as before)."""
+        targets, bound = {}, -1
+        for t in ins:
+            if t.grad_fn is not None:
+                targets[(id(t.grad_fn), t.output_nr)] = t
+                bound = max(bound, t.grad_fn._sequence_nr())
+        leaves = {id(t) for t in ins if t.grad_fn is None}
+        todo = [o.grad_fn for o in outs if o.grad_fn is not None]
+        seen = {id(n) for n in todo}
+        found: dict = {}
+        hit: set[int] = set()
+        while todo:
+            node = todo.pop()
+            for i, (nxt, nr) in enumerate(node.next_functions):
+                if nxt is None:
+                    continue
+                var = getattr(nxt, "variable", None)
+                if (id(nxt), nr) in targets or (var is not None and id(var) in leaves):
+                    found.setdefault(node, []).append(i)
+                    hit.add(id(targets.get((id(nxt), nr), var)))
+                elif var is None and id(nxt) not in seen and nxt._sequence_nr() > bound:
+                    seen.add(id(nxt))
+                    todo.append(nxt)
+        return found if len(hit) == len({id(t) for t in ins}) else None
+
+    def _edges(self, name, op, cell, edges):
+        def hook(grad_inputs, grad_outputs):
+            if not self.enabled or self.busy or not self._checking() or cell[0] is None:
+                return None
+            gs = [grad_inputs[i] for i in edges if grad_inputs[i] is not None]
+            if gs:
+                with torch.no_grad():
+                    self._event(name, op, "grad_input", "backward",
+                                cell[0] & ~_all_finite(gs, cell[0]), cell[1])
+            return None
+        return hook
+
+    def _keep(self, t: torch.Tensor, handle) -> None:
+        if t.grad_fn is None:   # a leaf: the hook would stay on it after the graph is gone
+            self._leaf_handles.append(handle)
+
+    def _drop_leaf_hooks(self) -> None:
+        for h in self._leaf_handles:
+            h.remove()
+        self._leaf_handles.clear()
+
+    def _gout(self, name, op, cell):
         def hook(grad):
             if not self.enabled or self.busy:
                 return None
             with torch.no_grad():
                 if self._checking():
-                    ok = _all_finite([grad], grad)
-                    prev = self._gout_ok.get(name)
-                    self._gout_ok[name] = ok if prev is None else prev & ok
-                    self._gout_vec[name] = self._stats_of([grad])
+                    ok, vec = _all_finite([grad], grad), self._stats_of([grad])
+                    if cell[0] is not None:    # a call with several outputs
+                        ok, vec = cell[0] & ok.to(cell[0].device), \
+                            self._vec.combine(cell[1], vec)
+                    cell[0], cell[1] = ok, vec
                 if op and self.recording:
                     self._add(name, op, "grad_output", grad)
             return None
         return hook
 
-    def _gin(self, name, op):
+    def _gin(self, name, op, cell, check=True):
         def hook(grad):
             if not self.enabled or self.busy:
                 return None
             with torch.no_grad():
-                if self._checking() and name in self._gout_ok:
+                if check and self._checking() and cell[0] is not None:
                     self._event(name, op, "grad_input", "backward",
-                                self._gout_ok[name] & ~_all_finite([grad], grad),
-                                self._gout_vec[name])
+                                cell[0] & ~_all_finite([grad], cell[0]), cell[1])
                 if op != "module" and self.recording:
                     self._add(name, op, "grad_input", grad)
             return None
@@ -342,10 +452,15 @@ class Telemetry:
             if not self.enabled or self.busy:
                 return None
             with torch.no_grad():
-                if self._checking() and name in self._gout_ok:
+                # the weight's gradient sums every call of the step: finite grad_outputs of
+                # all the calls whose backward has run, and a non-finite sum, name it
+                cells = [c for c in self._cells.get(name, ()) if c[0] is not None]
+                if self._checking() and cells:
+                    ok, vec = cells[0]
+                    for c in cells[1:]:
+                        ok, vec = ok & c[0].to(ok.device), self._vec.combine(vec, c[1])
                     self._event(name, op, "grad_weight", "backward",
-                                self._gout_ok[name] & ~_all_finite([grad], grad),
-                                self._gout_vec[name])
+                                ok & ~_all_finite([grad], ok), vec)
                 if self.recording:
                     self._add(name, op, "grad_weight", grad)
             return None
@@ -353,7 +468,7 @@ class Telemetry:
 
     def on_op(self, op: str, args, out) -> None:
         """A function-level op (sdpa, softmax) under the innermost running module."""
-        name = self._stack[-1] if self._stack else ROOT
+        name = self._stack[-1][0] if self._stack else ROOT
         with torch.no_grad():
             ins, outs = _tensors(args), _tensors(out)
             if self._checking() and outs:
@@ -433,20 +548,26 @@ class Telemetry:
 
     def _layer_ref(self, mod, op, args, kwargs) -> torch.Tensor | None:
         """The layer's own output in float64 on the same inputs (its weights copied to fp64)."""
-        dev = _tensors(args)[0].device.type if _tensors(args) else "cpu"
+        ins = _tensors(args) + _tensors(kwargs)
+        dev = ins[0].device.type if ins else "cpu"
         self.busy = True
         try:
             with torch.autocast(dev, enabled=False), KeepFP64():
                 if op == "linear":
+                    x = args[0] if args else kwargs.get("input", ins[0] if ins else None)
+                    if not isinstance(x, torch.Tensor) or not x.is_floating_point():
+                        return None
                     b = getattr(mod, "bias", None)
-                    return F.linear(_to64(args[0]), mod.weight.detach().to(torch.float64),
+                    return F.linear(_to64(x), mod.weight.detach().to(torch.float64),
                                     None if b is None else b.detach().to(torch.float64))
                 m64 = self._layer64.get(mod)
                 if m64 is None:
                     return None
                 for p64, p in zip(m64.parameters(), mod.parameters(), strict=True):
                     p64.copy_(p.detach())
-                out = _tensors(m64(*_to64(args), **_to64(kwargs)))
+                _same_modes(mod, m64)
+                with _own_rng(mod, args, kwargs):
+                    out = _tensors(m64(*_to64(args), **_to64(kwargs)))
                 return out[0] if out else None
         finally:
             self.busy = False
@@ -463,7 +584,7 @@ class Telemetry:
         its watched modules' outputs wait in ``_e2e_out`` for the live ones."""
         m64 = self._model64
         self._e2e_out.clear()
-        params = _tensors(args)
+        params = _tensors(args) + _tensors(kwargs)
         dev = params[0].device.type if params else "cpu"
         self.busy = True
         try:
@@ -471,7 +592,9 @@ class Telemetry:
                 for d, s in zip(m64.state_dict().values(), self.model.state_dict().values(),
                                 strict=True):
                     d.copy_(s.detach())
-                m64(*_to64(args), **_to64(kwargs))
+                _same_modes(self.model, m64)
+                with _own_rng(self.model, args, kwargs):
+                    m64(*_to64(args), **_to64(kwargs))
         finally:
             self.busy = False
 
@@ -508,8 +631,6 @@ class Telemetry:
                 self._first = nf_
         self._acc.clear()
         self._events.clear()
-        self._gout_ok.clear()
-        self._gout_vec.clear()
 
 
 def watch(model: nn.Module, recipe=None, shadow: bool = False, what_if=(), every: int = 1, *,

@@ -560,7 +560,8 @@ def _report(args: argparse.Namespace) -> int:
                    help="folder for telemetry.parquet and the heatmap (default: %(default)s)")))
 def _inspect(args: argparse.Namespace) -> int:
     """Train the model for --steps steps (fp32) under numcheck.telemetry.watch, write the
-    records (parquet) and a per-layer x step heatmap, print the last step's per-layer table and
+    records (parquet), a per-layer x step heatmap (png) and the telemetry page (html:
+    heatmaps of every statistic), print the last step's per-layer table and
     the first non-finite producer. Exit 1 when a NaN/Inf was produced, 0 otherwise."""
     from pathlib import Path
 
@@ -579,11 +580,14 @@ def _inspect(args: argparse.Namespace) -> int:
         frame, where = t.records(), t.first_nonfinite()
     frame.to_parquet(out / "telemetry.parquet", index=False)
     print(ins.table(frame))
-    if not args.merge:
-        print(ins.producer_line(where))
+    producer = None if args.merge else ins.producer_line(where)
+    if producer:
+        print(producer)
     png = ins.plot(frame, out / "telemetry.png") if not frame.empty else None
+    title = f"numcheck inspect: {args.model or f'{len(args.merge)} merged files'}"
+    page = ins.write_html(frame, out / "telemetry.html", producer=producer, title=title)
     print(f"records: {out / 'telemetry.parquet'} ({len(frame)} rows)"
-          + (f"\nplot:    {png}" if png else ""))
+          + (f"\nplot:    {png}" if png else "") + f"\npage:    {page}")
     return EXIT_FAILED if where is not None else EXIT_OK
 
 

@@ -7,6 +7,9 @@ error histogram; past FULL_FAILURES one table row each), worst cases per op, qua
 heatmaps (worst case per path x distribution), convergence curves, kernel
 fingerprints and telemetry. A section without data is left out; failures says "none".
 Torch-free, like every reader of results files. docs/report.md shows what each section holds.
+
+``telemetry_html`` makes the same kind of page of a numcheck.telemetry records() frame: per
+layer x step heatmaps (docs/telemetry.md).
 """
 from __future__ import annotations
 
@@ -18,7 +21,7 @@ from .forensics_rules import PROPERTIES
 from .records import Golden, Record, Status, failing
 from .report import worst_cases
 
-__all__ = ["html_report"]
+__all__ = ["html_report", "telemetry_html"]
 
 WORST_PER_OP = 3
 # Failing records shown in full; past these, one table row each: a first strict run on a new
@@ -57,6 +60,11 @@ td.heat.fail { outline: 2px solid #c62828; font-weight: 700; }
 .legend { list-style: none; padding: 0; display: flex; flex-wrap: wrap; gap: .2em 1.2em; }
 .swatch { display: inline-block; width: 1.6em; vertical-align: middle; margin-right: .3em; }
 svg text { font: 10px system-ui, sans-serif; fill: #333; }
+.scale.down { background: linear-gradient(to right, hsl(120,70%,78%), hsl(60,70%,78%),
+              hsl(0,70%,78%)); }
+.scale.log { background: linear-gradient(to right, hsl(210,60%,95%), hsl(210,60%,60%)); }
+.wide { overflow-x: auto; }
+table.heatmap th .note { font-weight: normal; }
 """
 
 
@@ -480,6 +488,11 @@ def html_report(records: list[Record], provenance: dict, *, title: str | None = 
     sections = [s for s in (_summary(records, provenance, mode), _failures(records, mode),
                             _worst(records), _quant(records, mode), _convergence(records),
                             _fingerprints(records), _telemetry(records)) if s]
+    return _page(title, sections)
+
+
+def _page(title: str, sections: list[Section]) -> str:
+    """The document: title, links to the sections, the sections."""
     nav = " ".join(f'<a href="#{sid}">{_e(heading)}</a>' for sid, heading, _ in sections)
     body = "\n".join(f'<section id="{sid}"><h2>{_e(heading)}</h2>\n{html}\n</section>'
                      for sid, heading, html in sections)
@@ -489,3 +502,175 @@ def html_report(records: list[Record], provenance: dict, *, title: str | None = 
             f"<title>{_e(title)}</title><style>{_CSS}</style></head>\n<body><h1>{_e(title)}</h1>"
             f"<nav>{nav}</nav>\n{body}\n</body></html>\n").encode(
                 "ascii", "xmlcharrefreplace").decode("ascii")
+
+
+# --- telemetry: per layer x step heatmaps of a numcheck.telemetry records() frame --------------
+
+# A heatmap: (column, what it shows, number format, colour: "up" = higher is better (red to
+# green), "down" = lower is better, "log" = a neutral log-scale ramp).
+_QUANT_MAPS = (("sqnr_db", "SQNR (dB): the quantized tensor vs its source", ".1f", "up"),
+               ("worst_block_sqnr_db", "worst block's SQNR (dB)", ".1f", "up"),
+               ("underflow_pct", "underflow: % of the non-zero elements quantized to zero",
+                ".2f", "down"),
+               ("saturation_pct", "saturation: % of the elements clipped", ".2f", "down"))
+_SHADOW_MAPS = (("shadow_sqnr_db", "the layer's own error: output SQNR (dB) vs the layer run in "
+                 "float64 on the same inputs", ".1f", "up"),
+                ("e2e_sqnr_db", "accumulated error: output SQNR (dB) vs a float64 copy of the "
+                 "whole model", ".1f", "up"))
+_AMAX = ("amax", "amax: max |x| over the finite elements of each output (colour: log scale)",
+         ".3g", "log")
+# Steps shown at most: past these, evenly spaced ones (the first and the last among them).
+MAX_STEPS = 60
+
+Cells = dict[tuple[str, str, str], dict[int, float]]  # (module, op, role) -> step -> value
+
+
+def _cells(sub, column: str, merge) -> Cells:
+    """Per (module, op, role) and step, the rows' ``column`` merged with ``merge`` (several
+    ranks, or a frame holding both passes): NaN only where every row is NaN."""
+    cells: Cells = {}
+    for m, o, r, step, v in zip(sub["module"], sub["op"], sub["role"], sub["step"], sub[column]):
+        v, row = float(v), cells.setdefault((str(m), str(o), str(r)), {})
+        old = row.get(int(step), math.nan)
+        row[int(step)] = v if old != old else old if v != v else merge(old, v)
+    return cells
+
+
+def _colour(v: float, lo: float, hi: float, scale: str) -> str:
+    if scale == "up":
+        return _heat_colour(v, lo, hi)
+    if scale == "down":
+        return _heat_colour(-v, -hi, -lo)
+    if not (v > 0 and math.isfinite(v)):
+        return "#eee"
+    x = math.log10(v)
+    t = 0.5 if hi <= lo else min(max((x - lo) / (hi - lo), 0.0), 1.0)
+    return f"hsl(210,60%,{95 - 35 * t:.0f}%)"
+
+
+def _step_heatmap(cells: Cells, order: dict, steps: list[int], spec: tuple, recipe: str,
+                  flags: Cells | None = None) -> str:
+    """One per-layer x step table; ``flags``: cells to outline and mark NaN/Inf."""
+    column, what, fmt, scale = spec
+    finite = [v for row in cells.values() for v in row.values() if math.isfinite(v)]
+    if scale == "log":
+        finite = [math.log10(v) for v in finite if v > 0]
+    lo, hi = (min(finite), max(finite)) if finite else (0.0, 0.0)
+    body = []
+    for key in sorted(cells, key=order.__getitem__):
+        m, o, r = map(_e, key)
+        tds = []
+        for step in steps:
+            v = cells[key].get(step, math.nan)
+            bad = bool(flags and flags.get(key, {}).get(step, 0) > 0)
+            shown = _num(v, fmt) + (" NaN/Inf" if bad else "")
+            tds.append(f'<td class="heat{" fail" if bad else ""}" data-step="{step}" '
+                       f'data-value="{v!r}" style="background:{_colour(v, lo, hi, scale)}" '
+                       f'title="{m} ({o}, {r}), step {step}: {column} {shown}">{shown}</td>')
+        body.append(f'<tr data-module="{m}" data-op="{o}" data-role="{r}"><th>{m} '
+                    f'<span class="note">({o}, {r})</span></th>{"".join(tds)}</tr>')
+    head = "".join(f"<th>{s}</th>" for s in steps)
+    if scale == "log":
+        ends = f"{10 ** lo:.3g}" if finite else "\u2014", f"{10 ** hi:.3g}" if finite else "\u2014"
+    else:
+        ends = (_num(lo, fmt), _num(hi, fmt)) if scale == "up" else (_num(hi, fmt), _num(lo, fmt))
+    css = {"up": "scale", "down": "scale down", "log": "scale log"}[scale]
+    return (f"<h3>{_e(what)}</h3>"
+            f'<div class="wide"><table class="heatmap" data-column="{_e(column)}" '
+            f'data-recipe="{_e(recipe)}"><thead><tr><th>module (op, role) / step</th>{head}'
+            f"</tr></thead><tbody>{''.join(body)}</tbody></table></div>"
+            f'<p>{ends[0]} <span class="{css}"></span> {ends[1]}</p>')
+
+
+def _shown_steps(steps: list[int]) -> list[int]:
+    if len(steps) <= MAX_STEPS:
+        return steps
+    return sorted({steps[round(i * (len(steps) - 1) / (MAX_STEPS - 1))] for i in range(MAX_STEPS)})
+
+
+def _present(sub, column: str) -> bool:
+    return column in sub.columns and bool(sub[column].notna().any())
+
+
+def telemetry_html(frame, *, title: str | None = None, producer: str | None = None) -> str:
+    """One self-contained HTML page (as ``html_report``: inline CSS, no script, nothing
+    fetched) of a numcheck.telemetry ``records()`` frame (or a merged one): a summary
+    (``producer``: the first non-finite producer line, shown there when given) and per-layer x
+    step heatmaps. Per recipe, the observed one first, then each what-if recipe: SQNR,
+    worst-block SQNR, underflow and saturation of the quantized operands (where measured);
+    the outputs' shadow and end-to-end SQNR (where measured); the outputs' amax, always. Rows:
+    (module, op, role) in the frame's order of first appearance, a module's rows together;
+    columns: steps. A cell merges the rows of its key (ranks): the worst value."""
+    title = title or "numcheck telemetry"
+    cols = set(frame.columns)
+    flagged = frame["what_if"].astype(bool) if "what_if" in cols else None
+    observed = frame[~flagged] if flagged is not None else frame
+    what_ifs = frame[flagged] if flagged is not None else frame.iloc[0:0]
+    steps = sorted({int(s) for s in frame["step"]}) if len(frame) else []
+    shown = _shown_steps(steps)
+    modules = list(dict.fromkeys(str(m) for m in frame["module"])) if len(frame) else []
+    at = {m: i for i, m in enumerate(modules)}
+    keys = list(dict.fromkeys(zip(map(str, frame["module"]), map(str, frame["op"]),
+                                  map(str, frame["role"])))) if len(frame) else []
+    order = {k: (at[k[0]], i) for i, k in enumerate(keys)}
+
+    recipes = []  # (what_if, recipe, its rows), the observed recipe(s) first
+    for what_if, part in ((False, observed), (True, what_ifs)):
+        named = part["recipe"].astype(str) if "recipe" in cols else None
+        for rec in dict.fromkeys(named) if named is not None else ():
+            if rec:
+                recipes.append((what_if, rec, part[named == rec]))
+
+    summary = [f"<p>{len(frame)} rows: {len(steps)} step(s)"
+               + (f" ({steps[0]} to {steps[-1]})" if steps else "")
+               + f", {len(modules)} module(s)"
+               + (f", ranks {', '.join(_e(r) for r in sorted(set(frame['rank'])))}"
+                  if "rank" in cols and len(frame) else "") + ".</p>"]
+    if recipes:
+        summary.append("<p>Recipes measured (never applied to the run): " + ", ".join(
+            f"<code>{_e(rec)}</code>{' (what-if)' if what_if else ''}"
+            for what_if, rec, _ in recipes) + ".</p>")
+    else:
+        summary.append('<p class="note">No recipe measured: no quantization statistics.</p>')
+    if "nonfinite" in cols and len(observed):
+        bad = observed[observed["nonfinite"] > 0]
+        masks = int(((bad["op"] == "softmax") & (bad["role"] == "input")).sum())
+        summary.append(f"<p>{len(bad)} row(s) hold a NaN or Inf"
+                       + (f", the first at step {int(bad['step'].min())}" if len(bad) else "")
+                       + (f" ({masks} of them softmax inputs, where -inf is an attention mask)"
+                          if masks else "") + ".</p>")
+    if producer:
+        summary.append(f'<p class="producer"><code>{_e(producer)}</code></p>')
+    if len(shown) < len(steps):
+        summary.append(f'<p class="note">The heatmaps show {len(shown)} of the {len(steps)} '
+                       f"steps, evenly spaced; the parquet file holds them all.</p>")
+    if not len(frame):
+        summary.append('<p class="note">No records.</p>')
+    sections: list[Section] = [("summary", "Summary", "".join(summary))]
+
+    def maps(sub, specs, recipe: str, flags: Cells | None = None) -> list[str]:
+        out = []
+        for spec in specs:
+            column, _, _, scale = spec
+            if scale == "log" and column in sub.columns or _present(sub, column):
+                rows = sub[sub[column].notna()] if scale != "log" else sub
+                worst = max if scale in ("down", "log") else min
+                out.append(_step_heatmap(_cells(rows, column, worst), order, shown, spec,
+                                         recipe, flags))
+        return out
+
+    for i, (what_if, rec, sub) in enumerate(recipes):
+        body = maps(sub, _QUANT_MAPS, rec)
+        if body:
+            sections.append((f"recipe-{i}", f"{'What-if recipe' if what_if else 'Recipe'} "
+                             f"{rec}: its quantized operands", "".join(body)))
+    outputs = observed[observed["role"] == "output"] if len(observed) else observed
+    shadow = maps(outputs, _SHADOW_MAPS, "")
+    if shadow:
+        sections.append(("shadow", "Shadow SQNR of the outputs", "".join(shadow)))
+    if len(outputs) and "amax" in cols:
+        amax = outputs.assign(amax=outputs["amax"].where(outputs["amax"] > -math.inf))
+        flags = _cells(outputs, "nonfinite", lambda a, b: a + b) if "nonfinite" in cols \
+            else None
+        sections.append(("amax", "Output amax", "".join(maps(amax, (_AMAX,), "", flags))))
+    return _page(title, sections)

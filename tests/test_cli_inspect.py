@@ -1,6 +1,7 @@
 """`numcheck inspect` (issue 14): a model trained a few steps under numcheck.telemetry; the
 records and heatmap are written, the per-layer table and the first non-finite producer are
-printed; per-rank files merge."""
+printed, the telemetry page (telemetry.html) holds the heatmaps and the producer line;
+per-rank files merge."""
 from __future__ import annotations
 
 import pandas as pd
@@ -56,6 +57,10 @@ def test_inspect_a_tiny_model(tmp_path, capsys):
                                    "grad_weight"}
     assert set(frame.loc[frame["what_if"], "recipe"]) == {"nvfp4"}
     assert (out / "telemetry.png").stat().st_size > 0
+    page = (out / "telemetry.html").read_text()
+    assert f"page:    {out / 'telemetry.html'}" in text
+    assert "<title>numcheck inspect: mlp</title>" in page and 'data-recipe="nvfp4"' in page
+    assert "first non-finite producer: none" in page and "<script" not in page
 
 
 def test_inspect_names_the_producer_and_exits_1(tmp_path, capsys, monkeypatch):
@@ -64,7 +69,16 @@ def test_inspect_names_the_producer_and_exits_1(tmp_path, capsys, monkeypatch):
     assert cli.main(["inspect", "--model", "overflowing:make", "--steps", "4",
                      "--out", str(tmp_path / "o")]) == 1
     text = capsys.readouterr().out
-    assert "first non-finite producer: step 2, act (module), output in the forward pass" in text
+    line = "first non-finite producer: step 2, act (module), output in the forward pass"
+    assert line in text
+    page = (tmp_path / "o" / "telemetry.html").read_text()
+    assert f'<p class="producer"><code>{line}' in page
+    # act has no rows of its own (op "module": producer checks only); out's output, fed the
+    # inf, is flagged at step 2
+    out_row = page[page.index('<tr data-module="out" data-op="linear" data-role="output">'):]
+    out_row = out_row[:out_row.index("</tr>")]
+    assert out_row.count('class="heat fail"') == 1 and 'data-step="2"' in \
+        out_row[out_row.index('class="heat fail"'):]
 
 
 def test_inspect_merges_per_rank_files(tmp_path, capsys):
@@ -83,6 +97,8 @@ def test_inspect_merges_per_rank_files(tmp_path, capsys):
     expect = telemetry.merge([pd.read_parquet(p) for p in paths])
     pd.testing.assert_frame_equal(merged.reset_index(drop=True), expect.reset_index(drop=True))
     assert (merged["n"].sum() == whole["n"].sum())
+    page = (tmp_path / "m" / "telemetry.html").read_text()
+    assert "ranks -1" in page and 'class="producer"' not in page  # no producer of a merge
 
 
 def test_inspect_usage_errors(capsys):

@@ -1,6 +1,7 @@
 """The HTML report (numcheck.report_html): sections present exactly when their data is, no
 external resource, escaping, heatmap values, error histograms and repro lines; and the error
-histogram failing records carry (numcheck.run.ulp_histogram, Record.ulp_hist)."""
+histogram failing records carry (numcheck.run.ulp_histogram, Record.ulp_hist). The telemetry
+page (telemetry_html): its heatmap cells are the frame's values, escaped, self-contained."""
 from __future__ import annotations
 
 import math
@@ -12,7 +13,8 @@ import torch
 from numcheck import golden
 from numcheck.errorstats import ErrorStats
 from numcheck.records import Golden, Record, Status
-from numcheck.report_html import FULL_FAILURES, REASON_CHARS, html_report
+from numcheck.report_html import (FULL_FAILURES, MAX_STEPS, REASON_CHARS, html_report,
+                                  telemetry_html)
 from numcheck.run import ulp_histogram, verify
 
 EVIL = "<script>alert(1)</script>"
@@ -393,3 +395,127 @@ def test_a_passing_case_carries_no_histogram(one_thread):
                case_ids=[CASE]).records
     assert [x.status for x in r] == [Status.PASSED, Status.PASSED]
     assert all(x.ulp_hist is None for x in r)
+
+
+# --- the telemetry page -------------------------------------------------------------------------
+
+def assert_self_contained(page: str) -> Tree:
+    assert "http://" not in page and "https://" not in page and "url(" not in page
+    tree = Tree(page)
+    nodes = tree.root.find()
+    assert not [n for n in nodes if n.tag in ("script", "link", "img", "iframe") or "src" in n.attrs]
+    assert all(n.attrs["href"].startswith("#") for n in nodes if "href" in n.attrs)
+    return tree
+
+
+def heatmaps(tree: Tree) -> dict[tuple[str, str], dict]:
+    """(column, recipe) -> {(module, op, role): {step: td}}."""
+    out = {}
+    for table in tree.root.find("table", class_="heatmap"):
+        grid = out[table.attrs["data-column"], table.attrs["data-recipe"]] = {}
+        for tr in table.find("tbody")[0].find("tr"):
+            key = tr.attrs["data-module"], tr.attrs["data-op"], tr.attrs["data-role"]
+            grid[key] = {int(td.attrs["data-step"]): td for td in tr.find("td")}
+    return out
+
+
+@pytest.fixture(scope="module")
+def watched(one_thread):
+    from numcheck.telemetry import inspect as ins
+    return ins.run("mlp", recipe="mxfp8", what_if=("nvfp4",), shadow=True, steps=2).records()
+
+
+def test_telemetry_page_cells_are_the_frames_values(watched):
+    page = telemetry_html(watched, producer="first non-finite producer: none")
+    tree = assert_self_contained(page)
+    assert list(sections(tree)) == ["summary", "recipe-0", "recipe-1", "shadow", "amax"]
+    assert "first non-finite producer: none" in sections(tree)["summary"].text()
+    maps = heatmaps(tree)
+    assert set(maps) == {(c, r) for r in ("mxfp8", "nvfp4") for c in (
+        "sqnr_db", "worst_block_sqnr_db", "underflow_pct", "saturation_pct")} | {
+        ("shadow_sqnr_db", ""), ("e2e_sqnr_db", ""), ("amax", "")}
+    checked = 0
+    for (column, recipe), grid in maps.items():
+        rows = watched[(watched["recipe"] == recipe) & (watched["what_if"] == (recipe == "nvfp4"))
+                       & watched[column].notna()]
+        if column in ("amax", "shadow_sqnr_db", "e2e_sqnr_db"):
+            rows = watched[~watched["what_if"] & (watched["role"] == "output")]
+        assert set(grid) == set(zip(rows["module"], rows["op"], rows["role"]))
+        for r in rows.itertuples():
+            td = grid[r.module, r.op, r.role][r.step]
+            want = getattr(r, column)
+            assert float(td.attrs["data-value"]) == want
+            assert td.text() == (f"{want:.3g}" if column == "amax" else
+                                 f"{want:.2f}" if column.endswith("pct") else f"{want:.1f}")
+            checked += 1
+    assert checked > 100
+    # rows in model order, a module's rows together
+    assert [k[:1] + k[2:] for k in maps["sqnr_db", "mxfp8"]] == [
+        (m, role) for m in ("fc1", "fc2", "fc3") for role in ("input", "weight", "grad_output")]
+    assert maps["amax", ""]["fc2", "linear", "output"][1].attrs["title"].startswith(
+        "fc2 (linear, output), step 1: amax")
+
+
+EVIL_MODULE = "blocks.0.<b>&amp;</b>"
+
+
+def hand_frame():
+    """Two ranks, a NaN SQNR, a step a row misses, an output with an Inf, no what-if rows."""
+    import pandas as pd
+    rows = []
+    for rank in (0, 1):
+        for step in (0, 1, 2):
+            sq = math.nan if (step, rank) == (1, 0) else 20.0 + step + rank
+            rows.append(dict(step=step, rank=rank, module=EVIL_MODULE, op="linear", role="input",
+                             recipe="mxfp4", what_if=False, sqnr_db=sq, amax=1.0, nonfinite=0.0))
+            if step != 2:
+                rows.append(dict(step=step, rank=rank, module="<model>", op="module",
+                                 role="output", recipe="", what_if=False, sqnr_db=math.nan,
+                                 amax=10.0 ** step if step else -math.inf,
+                                 nonfinite=float(step == 0)))
+            rows.append(dict(step=step, rank=rank, module=EVIL_MODULE, op="linear",
+                             role="output", recipe="", what_if=False, sqnr_db=math.nan,
+                             amax=4.0 * (step + 1) + rank, nonfinite=0.0))
+    return pd.DataFrame(rows)
+
+
+def test_telemetry_page_escapes_merges_and_dashes():
+    producer = "first non-finite producer: step 0, <model> (module), output & more"
+    page = telemetry_html(hand_frame(), title="t <i>&", producer=producer)
+    assert "<b>&amp;</b>" not in page and "<model>" not in page and "<i>&" not in page
+    tree = assert_self_contained(page)
+    assert tree.root.find("title")[0].text() == "t <i>&"
+    found = sections(tree)
+    assert list(found) == ["summary", "recipe-0", "amax"]  # no worst-block etc., no shadow
+    assert producer in [p.text() for p in found["summary"].find("p", class_="producer")]
+    assert "3 step(s) (0 to 2), 2 module(s), ranks 0, 1" in found["summary"].text()
+    maps = heatmaps(tree)
+    sqnr = maps["sqnr_db", "mxfp4"][EVIL_MODULE, "linear", "input"]
+    assert [sqnr[s].text() for s in (0, 1, 2)] == ["20.0", "22.0", "22.0"]  # worst rank; NaN
+    amax = maps["amax", ""]                                                  # only where all are
+    assert list(amax) == [(EVIL_MODULE, "linear", "output"), ("<model>", "module", "output")]
+    assert [amax[EVIL_MODULE, "linear", "output"][s].text() for s in (0, 1, 2)] == \
+        ["5", "9", "13"]  # the largest rank's
+    root = amax["<model>", "module", "output"]
+    assert root[0].text() == "\u2014 NaN/Inf" and "fail" in root[0].attrs["class"].split()
+    assert root[1].text() == "10" and root[2].text() == "\u2014"  # no finite element; no row
+    assert found["recipe-0"].find("tbody")[0].find("th")[0].text() == \
+        f"{EVIL_MODULE} (linear, input)"
+
+
+def test_telemetry_page_of_an_empty_frame():
+    from numcheck.telemetry.fields import frame
+    found = sections(assert_self_contained(telemetry_html(frame([]))))
+    assert list(found) == ["summary"] and "No records." in found["summary"].text()
+
+
+def test_telemetry_page_of_a_long_run_shows_evenly_spaced_steps():
+    import pandas as pd
+    n = 3 * MAX_STEPS
+    frame = pd.DataFrame(dict(step=range(n), rank=0, module="fc", op="linear", role="output",
+                              recipe="", what_if=False, amax=[float(s) for s in range(n)],
+                              nonfinite=0.0))
+    tree = Tree(telemetry_html(frame))
+    cells = heatmaps(tree)["amax", ""]["fc", "linear", "output"]
+    assert len(cells) == MAX_STEPS and {0, n - 1} <= set(cells)
+    assert f"show {MAX_STEPS} of the {n} steps" in sections(tree)["summary"].text()

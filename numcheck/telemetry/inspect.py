@@ -105,6 +105,16 @@ def plot(frame, path: Path, column: str = "sqnr_db") -> Path | None:
     return path
 
 
+def write_html(frame, path: Path, *, producer: str | None = None,
+               title: str | None = None) -> Path:
+    """The telemetry page (numcheck.report_html.telemetry_html: summary, per-layer x step
+    heatmaps; ``producer``: the first non-finite producer line) written to ``path``."""
+    from ..report_html import telemetry_html
+    path = Path(path)
+    path.write_text(telemetry_html(frame, title=title, producer=producer), encoding="utf-8")
+    return path
+
+
 def merge_files(paths: list[str]):
     """Per-rank parquet files -> one frame (numcheck.telemetry.merge)."""
     missing = [p for p in paths if not Path(p).exists()]

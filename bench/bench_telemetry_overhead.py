@@ -1,11 +1,13 @@
 """numcheck.telemetry's cost on the tiny models: step time under `watch` over a plain step.
 
 Targets (issue 14): <= 1.02x attached but disabled, <= 1.3x with everything on. Prints, per
-model, the median step time (forward, backward, AdamW step, `t.step()`) of a plain run and the
-ratios of: attached but disabled, statistics only, a recipe's quantization statistics
-(mxfp8), everything (recipe, two what-if recipes, float64 shadows). Medians over --steps
-steps after 3 warm-up steps, all in one process on one thread (numcheck's pinned state for
-training runs), so the ratios come from one run on one machine.
+model, the median step time (forward, backward, AdamW step, `t.step()`) of a plain run and,
+each from a plain and a watched run stepped alternately, the ratios of: attached but disabled, statistics only, a recipe's quantization statistics
+(mxfp8), plus two what-if recipes, everything (recipe, what-if, float64 shadows), and
+everything on every 10th step (``every=10``: a ratio of means, since the median step is an
+unrecorded one). Over --steps steps (a multiple of 10) after 3 warm-up steps, all in one
+process on one thread (numcheck's pinned state for training runs), so the ratios come from
+one run on one machine.
 
     python bench/bench_telemetry_overhead.py [--models mlp tiny_lm tiny_dit] [--steps 20]
 """
@@ -21,30 +23,60 @@ import torch
 from numcheck import telemetry
 from numcheck.convergence.models import build
 
+_ALL = dict(recipe="mxfp8", what_if=("mxfp4", "nvfp4"), shadow=True)
 SETTINGS = {
     "disabled": dict(enabled=False),
     "stats": dict(),
     "mxfp8": dict(recipe="mxfp8"),
-    "everything": dict(recipe="mxfp8", what_if=("mxfp4", "nvfp4"), shadow=True),
+    "+what-if": dict(recipe="mxfp8", what_if=("mxfp4", "nvfp4")),
+    "everything": _ALL,
+    # the shadows run the model again in float64 (a whole copy, and each layer on its own
+    # inputs): at every=1 they cost more than one fp32 step by construction; `every` samples
+    "all/every10": dict(_ALL, every=10),
 }
 
 
-def _median_step(name: str, steps: int, setting: dict | None) -> float:
-    model, task, lr = build(name, 0)
-    opt = torch.optim.AdamW(model.parameters(), lr=lr)
-    ctx = telemetry.watch(model, **setting) if setting is not None else contextlib.nullcontext()
-    times = []
-    with ctx as t:
-        for step in range(steps + 3):
-            t0 = time.perf_counter()
-            loss = model.loss(task.batch_at(0, step))
-            opt.zero_grad(set_to_none=True)
-            loss.backward()
-            opt.step()
-            if t is not None:
-                t.step()
-            times.append(time.perf_counter() - t0)
-    return statistics.median(times[3:])
+class _Run:
+    """One model, its optimizer and (when watched) its telemetry: steps timed one at a time."""
+
+    def __init__(self, name: str, setting: dict | None) -> None:
+        self.model, self.task, lr = build(name, 0)
+        self.opt = torch.optim.AdamW(self.model.parameters(), lr=lr)
+        self.ctx = telemetry.watch(self.model, **setting) if setting is not None \
+            else contextlib.nullcontext()
+        self.t = self.ctx.__enter__()
+        self.index = 0
+
+    def step(self) -> float:
+        t0 = time.perf_counter()
+        loss = self.model.loss(self.task.batch_at(0, self.index))
+        self.opt.zero_grad(set_to_none=True)
+        loss.backward()
+        self.opt.step()
+        if self.t is not None:
+            self.t.step()
+        self.index += 1
+        return time.perf_counter() - t0
+
+    def close(self) -> None:
+        self.ctx.__exit__(None, None, None)
+
+
+def _ratio(name: str, steps: int, setting: dict) -> tuple[float, float]:
+    """(plain step seconds, watched / plain): a plain and a watched run of the same model
+    stepped alternately, so that a slower minute of a shared machine slows both. Median over
+    median; with ``every`` > 1 mean over mean (the recorded steps are the rare ones: --steps
+    a multiple of ``every`` gives each its share)."""
+    plain, watched = _Run(name, None), _Run(name, setting)
+    a, b = [], []
+    for i in range(steps + 3):
+        pa, wb = plain.step(), watched.step()
+        if i >= 3:  # warm-up: the allocator, dispatch caches, numba's compiled loops
+            a.append(pa)
+            b.append(wb)
+    watched.close()
+    avg = statistics.fmean if setting.get("every", 1) > 1 else statistics.median
+    return statistics.median(a), avg(b) / avg(a)
 
 
 def main() -> None:
@@ -55,10 +87,9 @@ def main() -> None:
     torch.set_num_threads(1)
     print(f"{'model':10} {'plain ms':>9} " + " ".join(f"{k:>11}" for k in SETTINGS))
     for name in args.models:
-        _median_step(name, args.steps, None)  # warms the allocator and dispatch caches
-        plain = _median_step(name, args.steps, None)
-        ratios = [_median_step(name, args.steps, s) / plain for s in SETTINGS.values()]
-        print(f"{name:10} {plain * 1e3:9.2f} " + " ".join(f"{r:10.2f}x" for r in ratios))
+        res = [_ratio(name, args.steps, s) for s in SETTINGS.values()]
+        plain_ms = statistics.median(p for p, _ in res) * 1e3
+        print(f"{name:10} {plain_ms:9.2f} " + " ".join(f"{r:10.2f}x" for _, r in res))
     print("targets: disabled <= 1.02x, everything <= 1.3x (issue 14)")
 
 

@@ -498,18 +498,18 @@ def test_shadow_of_a_linear_called_with_keywords():
     assert out.shadow_sqnr_db > 100 and out.e2e_sqnr_db > 100
 
 
-def test_underflow_pct_over_finite_nonzero_and_nan_blocks_counted():
+def test_underflow_pct_over_finite_nonzero_and_nonfinite_blocks_counted():
     gen = torch.Generator().manual_seed(5)
     x = _planted(8, 64, gen)
     x[5, 0] = math.nan      # block (5, 0)
     x[6, 40] = math.nan     # block (6, 1)
-    x[7, 3] = math.inf
+    x[7, 3] = math.inf      # block (7, 0): a NaN scale too
     x[0, 1:3] = 1e-12       # far below block 0's amax: quantized to zero
     row = _observed("mxfp8", x, torch.randn(4, 64, generator=gen))["input"]
     finite_nonzero = int((torch.isfinite(x) & (x != 0)).sum())
     assert row.n_nan == 2 and row.n_inf == 1 and row.q_underflow > 0
     assert row.underflow_pct == pytest.approx(100.0 * row.q_underflow / finite_nonzero)
-    assert row.blk_nan == 2 and row.blk_n == 8 * 2 - 1 - 2  # x[2, :32] is an all-zero block
+    assert row.blk_nan == 3 and row.blk_n == 8 * 2 - 1 - 3  # x[2, :32] is an all-zero block
 
 
 class _BareSqrt(nn.Module):

@@ -5,6 +5,11 @@ Every raw field merges by one rule (``FIELDS``: "sum", "max" or "min"), so the s
 accumulates a module called twice in a step, and merges per-rank frames (``merge``);
 percentages and SQNRs are derived afterwards (``derive``), never averaged.
 
+Two accumulations follow those rules: ``Vectors`` (float64 vectors on the tensor's device,
+read back once per step: the CUDA route, and the reference) and the host vectors (``host_*``:
+Python floats, the CPU route of watch.py, fed by numcheck/telemetry/_stats_cpu.py and by
+quantization / shadow fields given as floats or 0-d CPU tensors).
+
 Quantization statistics (``quant_stats``) run numcheck's own reference quantizer
 (``Quantizer.format``: encode, decode, saturation) on the observed tensor in float64, as a 2-D
 (rows, cols) view quantized along its last dim (the GEMM's reduction dim for a linear layer's
@@ -42,8 +47,8 @@ FIELDS: tuple[tuple[str, str], ...] = (
     ("blk_clip", "sum"),        # live blocks with a saturated element (amax clips)
     ("blk_scale_sat", "sum"),   # live blocks whose scale sits at its format's range end
     ("blk_sqnr_min_db", "min"),  # the worst live block's SQNR
-    ("blk_nan", "sum"),         # blocks holding a NaN: no scale to speak of, so not live and
-                                # in no other block statistic; counted here
+    ("blk_nan", "sum"),         # blocks holding a NaN or Inf: no scale to speak of, so not
+                                # live and in no other block statistic; counted here
     ("sh_n", "sum"), ("sh_sig_sq", "sum"), ("sh_err_sq", "sum"),     # layer's own (shadow)
     ("e2e_n", "sum"), ("e2e_sig_sq", "sum"), ("e2e_err_sq", "sum"),  # vs an fp64 model copy
 )
@@ -68,7 +73,9 @@ class Vectors:
         self._index: dict[tuple[str, ...], torch.Tensor] = {}  # made once per key set: no
         # host-to-device copy per call
 
-    def vector(self, values: dict[str, torch.Tensor]) -> torch.Tensor:
+    def vector(self, values: dict) -> torch.Tensor:
+        """The raw-field vector of ``values``: 0-d tensors (any device) or Python floats (the
+        CPU routes' fields); fields not given hold their rule's identity."""
         v = self.identity.clone()
         if values:
             names = tuple(values)
@@ -76,13 +83,69 @@ class Vectors:
             if idx is None:
                 idx = self._index[names] = torch.tensor([INDEX[k] for k in names],
                                                         device=v.device)
-            v.index_copy_(0, idx, torch.stack([t.to(torch.float64).reshape(())
-                                               for t in values.values()]))
+            v.index_copy_(0, idx, torch.stack([
+                t.to(device=v.device, dtype=torch.float64).reshape(())
+                if isinstance(t, torch.Tensor) else
+                torch.full((), float(t), dtype=torch.float64, device=v.device)
+                for t in values.values()]))
         return v
 
     def combine(self, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
         return torch.where(self.is_sum, a + b,
                            torch.where(self.is_max, torch.maximum(a, b), torch.minimum(a, b)))
+
+
+# ---- host accumulation (CPU tensors: Python floats, no torch op per observation) -------------
+# A host vector is a list of len(NAMES) floats, combined field by field with the rules above;
+# max and min propagate NaN as torch.maximum / torch.minimum do on the device vectors, so a
+# host row equals the device row of the same observations.
+
+_RULE = {f: ("sum", "max", "min").index(how) for f, how in FIELDS}
+_RULES = tuple(_RULE[f] for f in NAMES)
+PLAIN = NAMES[:8]   # tensor_stats' fields, the first eight of FIELDS
+assert PLAIN == ("calls", "n", "n_nan", "n_inf", "n_zero", "amax", "min_nonzero", "sum_sq")
+PLAIN_IDENTITY = IDENTITY[:8]
+
+
+def _fmax(a: float, b: float) -> float:
+    return a if (a > b or a != a) else b   # NaN in either -> NaN (torch.maximum)
+
+
+def _fmin(a: float, b: float) -> float:
+    return a if (a < b or a != a) else b   # NaN in either -> NaN (torch.minimum)
+
+
+def host_identity() -> list[float]:
+    return list(IDENTITY)
+
+
+def host_update(acc: list[float], values: dict) -> None:
+    """Combine ``values`` (field -> Python float or 0-d CPU tensor) into ``acc`` in place."""
+    for k, x in values.items():
+        i = INDEX[k]
+        x = float(x)
+        r = _RULES[i]
+        acc[i] = acc[i] + x if r == 0 else _fmax(acc[i], x) if r == 1 else _fmin(acc[i], x)
+
+
+def host_plain(acc: list[float], p: list[float]) -> None:
+    """Combine a tensor's plain fields (PLAIN order, as _stats_cpu.raw gives them) into the
+    first len(PLAIN) entries of ``acc``; amax and min_nonzero are never NaN (finite elements
+    only), so the builtin max/min are the rule."""
+    acc[0] += p[0]
+    acc[1] += p[1]
+    acc[2] += p[2]
+    acc[3] += p[3]
+    acc[4] += p[4]
+    acc[5] = max(acc[5], p[5])
+    acc[6] = min(acc[6], p[6])
+    acc[7] += p[7]
+
+
+def host_combine(a: list[float], b: list[float]) -> list[float]:
+    """Two host vectors (or a host vector and a device row read back) combined, field by field."""
+    return [x + y if r == 0 else _fmax(x, y) if r == 1 else _fmin(x, y)
+            for x, y, r in zip(a, b, _RULES, strict=True)]
 
 
 def _full(v: float, like: torch.Tensor) -> torch.Tensor:
@@ -169,10 +232,11 @@ def quant_stats(t: torch.Tensor, quantizer) -> dict[str, torch.Tensor]:
         return out
     log2s, at_end = scales
     xb = blocks(xp, fmt.block)
-    has_nan = torch.isnan(xb).any(-1)
+    bad = (~torch.isfinite(xb)).any(-1)
     # all-zero (and padding-only) blocks have no scale to speak of, nor have blocks with a NaN
-    # (their amax is NaN); the latter are counted in blk_nan
-    live = (xb.abs().amax(-1) > 0) & ~has_nan
+    # or an Inf (numcheck's quantizers give them a NaN scale, the MX NaN code, or a zero one
+    # for FP8 blocks: the block decodes to NaN, not to a clipped value); counted in blk_nan
+    live = (xb.abs().amax(-1) > 0) & ~bad
     scaled = live & torch.isfinite(log2s)
     ls = torch.where(scaled, log2s, 0.0)
     bsig, berr = blocks(sig, fmt.block).sum(-1), blocks(err, fmt.block).sum(-1)
@@ -185,7 +249,7 @@ def quant_stats(t: torch.Tensor, quantizer) -> dict[str, torch.Tensor]:
         "blk_clip": (blocks(sat, fmt.block).any(-1) & live).sum(),
         "blk_scale_sat": (at_end & live).sum(),
         "blk_sqnr_min_db": torch.where(live, bsqnr, math.inf).amin(),
-        "blk_nan": has_nan.sum()})
+        "blk_nan": bad.sum()})
     return out
 
 

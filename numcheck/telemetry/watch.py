@@ -9,13 +9,23 @@ backward hooks: they add graph nodes and change the gradients' last bits); watch
 gradient through a tensor hook on the parameter. While the root module's forward runs, a
 TorchFunctionMode records ``F.scaled_dot_product_attention`` (op "sdpa") and softmax (op
 "softmax", the attention probabilities of models that write attention out, as the tiny models
-do) under the innermost module that called them. Nothing is read back to the host in a hook:
-``step()`` reads a step's statistics once.
+do) under the innermost module that called them. Nothing is read back from a device in a
+hook: ``step()`` reads a step's statistics once.
+
+Cost: CPU tensors take one compiled pass each (numcheck/telemetry/_stats_cpu.py: all plain
+fields and the finiteness the producer check needs, as Python floats accumulated on the host,
+no torch op per observation); other tensors (CUDA) the torch route of ``fields.tensor_stats``,
+reduced on their device. A hook reads each tensor once: the finiteness check, the producer's
+input statistics and the recorded row of one tensor in one hook share one pass. Hooks that run
+inside the root's forward take the watch's own TorchFunctionMode off the mode stack while they
+work, so telemetry's own torch ops are not intercepted.
 """
 from __future__ import annotations
 
 import contextlib
 import copy
+import importlib
+import warnings
 from typing import NamedTuple
 
 import torch
@@ -33,6 +43,7 @@ ROOT = "<model>"
 _OPS = {F.scaled_dot_product_attention: "sdpa", torch.softmax: "softmax",
         torch.Tensor.softmax: "softmax", F.softmax: "softmax"}
 _DOWNCASTS = (torch.Tensor.float, torch.Tensor.half, torch.Tensor.bfloat16)
+_CASTS = frozenset((*_DOWNCASTS, torch.Tensor.to))
 
 
 class _Where(NamedTuple):
@@ -93,12 +104,73 @@ def _to64(obj):
     return obj
 
 
-def _all_finite(ts: list[torch.Tensor], like: torch.Tensor) -> torch.Tensor:
-    ok = torch.ones((), dtype=torch.bool, device=like.device)
-    for t in ts:
-        if t.numel():
-            ok = ok & torch.isfinite(t.detach()).all().to(ok.device)
-    return ok
+_FAST: dict = {}  # "module": numcheck.telemetry._stats_cpu, or None (numba missing or failed)
+
+
+def _fast():
+    """The compiled CPU pass once imported, or None (warned once) where numba is missing."""
+    if "module" not in _FAST:
+        try:
+            _FAST["module"] = importlib.import_module("numcheck.telemetry._stats_cpu")
+        except ImportError as exc:
+            warnings.warn(f"numcheck.telemetry: no numba ({exc}); CPU tensors take the slower "
+                          "torch route", RuntimeWarning, stacklevel=3)
+            _FAST["module"] = None
+    return _FAST["module"]
+
+
+def _host_plain(t: torch.Tensor, sums: bool = True) -> list[float] | None:
+    """A non-empty CPU tensor's plain fields (fields.PLAIN) from the compiled pass, or None
+    where it does not apply (then the torch route: CUDA, subclasses, other dtypes).
+    ``sums=False``: the integer pass alone, sum_sq NaN (the producer check's needs)."""
+    fast = _fast()
+    if fast is None or not fast.handles(t):
+        return None
+    try:
+        return fast.raw(t, sums)
+    except Exception as exc:  # noqa: BLE001 - numba that cannot compile here: the torch route
+        return _broken(exc)
+
+
+def _host_sqnr(out: torch.Tensor, ref64: torch.Tensor) -> tuple[float, float] | None:
+    fast = _fast()
+    if fast is None:
+        return None
+    try:
+        return fast.sqnr(out, ref64)
+    except Exception as exc:  # noqa: BLE001 - as in _host_plain
+        return _broken(exc)
+
+
+def _host_quant(t: torch.Tensor, quantizer) -> dict:
+    """A CPU tensor's quantization fields from numcheck/telemetry/_quant_cpu.py (the same
+    fields as fields.quant_stats, as floats; it warns once and answers None where numba is
+    missing or fails, or for a format or tensor it does not take), else quant_stats."""
+    q = importlib.import_module("numcheck.telemetry._quant_cpu").quant_fields(t, quantizer.format)
+    return q if q is not None else fields.quant_stats(t, quantizer)
+
+
+def _broken(exc: Exception) -> None:
+    _FAST["module"] = None  # for the rest of the process: a compile failure does not heal
+    warnings.warn(f"numcheck.telemetry: the compiled CPU pass failed ({type(exc).__name__}: "
+                  f"{exc}); using the torch route", RuntimeWarning, stacklevel=4)
+
+
+# Flags of the producer check: Python bools (CPU route, known at once) or 0-d bool tensors on
+# a device (read back at step()).
+def _and(a, b):
+    if isinstance(a, bool):
+        if isinstance(b, bool):
+            return a and b
+        a, b = b, a
+    if isinstance(b, bool):
+        return a if b else torch.zeros((), dtype=torch.bool, device=a.device)
+    return a & b.to(a.device)
+
+
+def _and_not(a, b):
+    """a and not b."""
+    return _and(a, (not b) if isinstance(b, bool) else ~b)
 
 
 def _same_modes(live: nn.Module, copy64: nn.Module) -> None:
@@ -132,18 +204,18 @@ class KeepFP64(TorchFunctionMode):
     to fp32 internally (the tiny models' norms and attention) stays float64."""
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
-        kwargs = kwargs or {}
-        x = args[0] if args else None
-        if isinstance(x, torch.Tensor) and x.dtype == torch.float64:
-            if func in _DOWNCASTS:
-                return x
-            if func is torch.Tensor.to:
-                args = tuple(a for a in args if not (isinstance(a, torch.dtype)
-                                                     and a.is_floating_point))
-                if isinstance(kwargs.get("dtype"), torch.dtype) and \
-                        kwargs["dtype"].is_floating_point:
-                    kwargs = {k: v for k, v in kwargs.items() if k != "dtype"}
-        return func(*args, **kwargs)
+        # every op of a shadow comes through here: the cast test first, nothing else per op
+        if func in _CASTS and args and isinstance(args[0], torch.Tensor) and \
+                args[0].dtype == torch.float64:
+            kwargs = kwargs or {}
+            if func is not torch.Tensor.to:
+                return args[0]
+            args = tuple(a for a in args if not (isinstance(a, torch.dtype)
+                                                 and a.is_floating_point))
+            if isinstance(kwargs.get("dtype"), torch.dtype) and \
+                    kwargs["dtype"].is_floating_point:
+                kwargs = {k: v for k, v in kwargs.items() if k != "dtype"}
+        return func(*args, **kwargs) if kwargs else func(*args)
 
 
 class _OpMode(TorchFunctionMode):
@@ -152,7 +224,8 @@ class _OpMode(TorchFunctionMode):
         self.tel = tel
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
-        out = func(*args, **(kwargs or {}))
+        # every op of the model's forward comes through here: as little as possible per op
+        out = func(*args, **kwargs) if kwargs else func(*args)
         op = _OPS.get(func)
         if op is not None and not self.tel.busy:
             self.tel.on_op(op, (args, kwargs), out)
@@ -191,7 +264,8 @@ class Telemetry:
             dist = torch.distributed
             rank = dist.get_rank() if dist.is_available() and dist.is_initialized() else 0
         self.rank, self.step_index, self.busy = rank, 0, False
-        self._acc: dict[tuple, torch.Tensor] = {}
+        # per row key: [host vector (list of floats: CPU route) or None, device vector or None]
+        self._acc: dict[tuple, list] = {}
         self._events: list[tuple] = []        # (module, op, role, pass, flag, input vector)
         self._rows: list[dict] = []
         self._first: NonFinite | None = None
@@ -304,12 +378,16 @@ class Telemetry:
                 return
             pre = None
             if self._checking():
-                # read before the forward runs: an in-place module changes its input
-                ins = _tensors(args) + _tensors(kwargs) + \
-                    [p for p in mod.parameters(recurse=False) if p.is_floating_point()]
-                if ins:
-                    with torch.no_grad():
-                        pre = (_all_finite(ins, ins[0]), self._stats_of(ins))
+                mode = self._unmode()
+                try:
+                    # read before the forward runs: an in-place module changes its input
+                    ins = _tensors(args) + _tensors(kwargs) + \
+                        [p for p in mod.parameters(recurse=False) if p.is_floating_point()]
+                    if ins:
+                        with torch.no_grad():
+                            pre = self._observe(ins)
+                finally:
+                    _remode(mode)
             self._stack.append((name, pre))
             if root:
                 if self._model64 is not None and self.recording:
@@ -328,22 +406,42 @@ class Telemetry:
                 self._exit_mode()
             if not self.enabled or self.busy:
                 return
-            with torch.no_grad():
-                ins = _tensors(args) + _tensors(kwargs)
-                outs = _tensors(out)
-                if self._checking() and outs:
-                    if pre is not None:
-                        ok, vec = pre
-                        self._event(name, op or "module", "output", "forward",
-                                    ok.to(outs[0].device) & ~_all_finite(outs, outs[0]), vec)
-                    else:
-                        self._check(name, op or "module", "output", "forward",
-                                    ins + list(mod.parameters(recurse=False)), outs)
-                if op and self.recording:
-                    self._record_forward(mod, name, op, args, kwargs, ins, outs)
-            if torch.is_grad_enabled() and (self._checking() or (op and self.recording)):
-                self._backward_hooks(name, op, ins, outs)
+            mode = self._unmode()
+            try:
+                memo: dict = {}   # this hook's pass per tensor (nothing runs in between)
+                with torch.no_grad():
+                    ins = _tensors(args) + _tensors(kwargs)
+                    outs = _tensors(out)
+                    rec = bool(op) and self.recording
+                    if self._checking() and outs:
+                        if pre is not None:
+                            ok, vec = pre
+                            fin, _ = self._observe(outs, memo, stats=False, full=rec)
+                            self._event(name, op or "module", "output", "forward",
+                                        _and_not(ok, fin), vec)
+                        else:
+                            self._check(name, op or "module", "output", "forward",
+                                        ins + list(mod.parameters(recurse=False)), outs, memo,
+                                        full=rec)
+                    if rec:
+                        self._record_forward(mod, name, op, args, kwargs, ins, outs, memo)
+                if torch.is_grad_enabled() and (self._checking() or (op and self.recording)):
+                    self._backward_hooks(name, op, ins, outs)
+            finally:
+                _remode(mode)
         return hook
+
+    def _unmode(self):
+        """Take this watch's _OpMode off the torch-function mode stack when it is the innermost
+        mode (a hook inside the root's forward), so that telemetry's own torch ops are not
+        intercepted; returns it for _remode (None: nothing taken off)."""
+        m = self._mode
+        if m is None:
+            return None
+        n = torch._C._len_torch_function_stack()
+        if n and torch._C._get_function_stack_at(n - 1) is m:
+            return torch._C._pop_torch_function_stack()
+        return None
 
     def _backward_hooks(self, name, op, ins, outs) -> None:
         """Tensor hooks for this call's backward: on its outputs (grad_output) and on its
@@ -363,6 +461,8 @@ class Telemetry:
         if own:   # check this call's own share of each input's gradient, edge by edge
             for node, edges in own.items():
                 node.register_hook(self._edges(name, op or "module", cell, edges))
+        if own and not op:
+            return   # such a hook would neither check (the node hooks do) nor record
         for t in need:
             self._keep(t, t.register_hook(self._gin(name, op or "module", cell,
                                                     check=not own)))
@@ -404,8 +504,9 @@ class Telemetry:
             gs = [grad_inputs[i] for i in edges if grad_inputs[i] is not None]
             if gs:
                 with torch.no_grad():
-                    self._event(name, op, "grad_input", "backward",
-                                cell[0] & ~_all_finite(gs, cell[0]), cell[1])
+                    fin, _ = self._observe(gs, stats=False)
+                    self._event(name, op, "grad_input", "backward", _and_not(cell[0], fin),
+                                cell[1])
             return None
         return hook
 
@@ -422,15 +523,15 @@ class Telemetry:
         def hook(grad):
             if not self.enabled or self.busy:
                 return None
+            memo: dict = {}
             with torch.no_grad():
                 if self._checking():
-                    ok, vec = _all_finite([grad], grad), self._stats_of([grad])
+                    ok, vec = self._observe([grad], memo, full=bool(op) and self.recording)
                     if cell[0] is not None:    # a call with several outputs
-                        ok, vec = cell[0] & ok.to(cell[0].device), \
-                            self._vec.combine(cell[1], vec)
+                        ok, vec = _and(cell[0], ok), self._combine(cell[1], vec)
                     cell[0], cell[1] = ok, vec
                 if op and self.recording:
-                    self._add(name, op, "grad_output", grad)
+                    self._add(name, op, "grad_output", grad, memo=memo)
             return None
         return hook
 
@@ -438,12 +539,15 @@ class Telemetry:
         def hook(grad):
             if not self.enabled or self.busy:
                 return None
+            memo: dict = {}
             with torch.no_grad():
                 if check and self._checking() and cell[0] is not None:
-                    self._event(name, op, "grad_input", "backward",
-                                cell[0] & ~_all_finite([grad], cell[0]), cell[1])
+                    fin, _ = self._observe([grad], memo, stats=False,
+                                           full=op != "module" and self.recording)
+                    self._event(name, op, "grad_input", "backward", _and_not(cell[0], fin),
+                                cell[1])
                 if op != "module" and self.recording:
-                    self._add(name, op, "grad_input", grad)
+                    self._add(name, op, "grad_input", grad, memo=memo)
             return None
         return hook
 
@@ -451,6 +555,7 @@ class Telemetry:
         def hook(grad):
             if not self.enabled or self.busy:
                 return None
+            memo: dict = {}
             with torch.no_grad():
                 # the weight's gradient sums every call of the step: finite grad_outputs of
                 # all the calls whose backward has run, and a non-finite sum, name it
@@ -458,26 +563,27 @@ class Telemetry:
                 if self._checking() and cells:
                     ok, vec = cells[0]
                     for c in cells[1:]:
-                        ok, vec = ok & c[0].to(ok.device), self._vec.combine(vec, c[1])
-                    self._event(name, op, "grad_weight", "backward",
-                                ok & ~_all_finite([grad], ok), vec)
+                        ok, vec = _and(ok, c[0]), self._combine(vec, c[1])
+                    fin, _ = self._observe([grad], memo, stats=False, full=self.recording)
+                    self._event(name, op, "grad_weight", "backward", _and_not(ok, fin), vec)
                 if self.recording:
-                    self._add(name, op, "grad_weight", grad)
+                    self._add(name, op, "grad_weight", grad, memo=memo)
             return None
         return hook
 
     def on_op(self, op: str, args, out) -> None:
         """A function-level op (sdpa, softmax) under the innermost running module."""
         name = self._stack[-1][0] if self._stack else ROOT
-        with torch.no_grad():
+        memo: dict = {}
+        with torch.no_grad():   # (inside __torch_function__: the mode is off already)
             ins, outs = _tensors(args), _tensors(out)
             if self._checking() and outs:
-                self._check(name, op, "output", "forward", ins, outs)
+                self._check(name, op, "output", "forward", ins, outs, memo, self.recording)
             if self.recording:
                 for t in ins:
-                    self._add(name, op, "input", t)
+                    self._add(name, op, "input", t, memo=memo)
                 for t in outs:
-                    self._add(name, op, "output", t)
+                    self._add(name, op, "output", t, memo=memo)
 
     # ---- recording -----------------------------------------------------------------------
 
@@ -486,63 +592,125 @@ class Telemetry:
             self._vec = fields.Vectors(like.device)
         return self._vec
 
-    def _stats_of(self, ts: list[torch.Tensor]) -> torch.Tensor:
-        v = self._vectors(ts[0])
-        acc = None
+    def _observe(self, ts: list[torch.Tensor], memo: dict | None = None, stats: bool = True,
+                 full: bool = False):
+        """(all of ts finite, their plain statistics combined) for the producer check: a flag
+        (bool, or a device tensor) and a vector (host list of fields.PLAIN, device vector, or
+        None for no tensors; ``stats=False``: None, unless the CPU pass gave it anyway). CPU
+        tensors take one compiled pass each, kept in ``memo`` (id -> fields) for the rest of
+        the hook; the others the torch route on their device. On CPU only the integer pass
+        runs (sum_sq NaN: NonFinite.inputs does not show it) unless ``full``: the hook records
+        these tensors next, from the memo."""
+        ok, vec = True, None
         for t in ts:
-            s = v.vector(fields.tensor_stats(t.to(v.identity.device)))
-            acc = s if acc is None else v.combine(acc, s)
-        return acc
+            if t.numel() == 0:   # nothing to read: finite, identity statistics
+                if stats and vec is None:
+                    vec = list(fields.PLAIN_IDENTITY)
+                continue
+            p = memo.get(id(t)) if memo is not None else None
+            if p is None:
+                p = _host_plain(t, full)
+                if p is not None and memo is not None:
+                    memo[id(t)] = p
+            if p is not None:
+                ok = _and(ok, p[2] + p[3] == 0)   # no NaN, no Inf
+                s = p
+            else:
+                ok = _and(ok, torch.isfinite(t.detach()).all())
+                if not stats:
+                    continue
+                v = self._vectors(t)
+                s = v.vector(fields.tensor_stats(t.to(v.identity.device)))
+            vec = s if vec is None else self._combine(vec, s)
+        return ok, vec
 
-    def _check(self, name, op, role, pass_, ins, outs) -> None:
+    def _combine(self, a, b):
+        """Two producer-input vectors: host lists (fields.PLAIN) or device vectors."""
+        if a is None or b is None:
+            return b if a is None else a
+        if isinstance(a, list) and isinstance(b, list):
+            out = list(a)
+            fields.host_plain(out, b)
+            return out
+        if isinstance(a, list):
+            a, b = b, a
+        v = self._vectors(a)
+        if isinstance(b, list):
+            b = v.vector(dict(zip(fields.PLAIN, b, strict=True)))
+        return v.combine(a, b.to(a.device))
+
+    def _check(self, name, op, role, pass_, ins, outs, memo: dict | None = None,
+               full: bool = False) -> None:
         ins = [t for t in ins if t.is_floating_point()]
-        flag = _all_finite(ins, outs[0]) & ~_all_finite(outs, outs[0])
-        self._event(name, op, role, pass_, flag, self._stats_of(ins) if ins else None)
+        ok, vec = self._observe(ins, memo, full=full)
+        fin, _ = self._observe(outs, memo, stats=False, full=full)
+        self._event(name, op, role, pass_, _and_not(ok, fin), vec if ins else None)
 
     def _event(self, name, op, role, pass_, flag, vec) -> None:
         self._events.append((name, op, role, pass_, flag, vec))
 
-    def _add(self, name, op, role, t: torch.Tensor, extra: dict | None = None) -> None:
+    def _add(self, name, op, role, t: torch.Tensor, extra: dict | None = None,
+             memo: dict | None = None) -> None:
         """Accumulate t's statistics into every row it belongs to (the recipe's and each
-        what-if's for a quantized role of a linear layer)."""
+        what-if's for a quantized role of a linear layer). A CPU tensor's row lives on the
+        host (Python floats: the compiled pass, and quantization / shadow fields given as
+        floats or 0-d tensors); other tensors' rows on their device (read at step())."""
         if t.numel() == 0:
             return
-        v = self._vectors(t)
-        t = t.to(v.identity.device)
-        base = {**fields.tensor_stats(t), **(extra or {})}
         tags = [("", None, False)]
         if op == "linear" and role in QUANT_ROLE and self.recipes:
             tags = [(n, getattr(r, QUANT_ROLE[role], None), w) for n, r, w in self.recipes]
             if self.recipes[0][2]:  # what-ifs only: the observed row as well
                 tags.insert(0, ("", None, False))
+        pass_ = "backward" if role.startswith("grad") else "forward"
+        p = memo.get(id(t)) if memo is not None else None
+        if p is None or p[7] != p[7]:   # not in the memo, or from the integer pass alone
+            p = _host_plain(t)
+        if p is not None:
+            for tag, quantizer, what_if in tags:
+                slot = self._acc.get((name, op, role, pass_, tag, what_if))
+                if slot is None:
+                    slot = self._acc[(name, op, role, pass_, tag, what_if)] = [None, None]
+                if slot[0] is None:
+                    slot[0] = fields.host_identity()
+                h = slot[0]
+                fields.host_plain(h, p)
+                if extra:
+                    fields.host_update(h, extra)
+                if quantizer is not None:
+                    fields.host_update(h, _host_quant(t, quantizer))
+            return
+        v = self._vectors(t)
+        t = t.to(v.identity.device)
+        base = {**fields.tensor_stats(t), **(extra or {})}
         for tag, quantizer, what_if in tags:
             d = dict(base)
             if quantizer is not None:
                 d.update(fields.quant_stats(t, quantizer))
-            key = (name, op, role, "backward" if role.startswith("grad") else "forward",
-                   tag, what_if)
+            key = (name, op, role, pass_, tag, what_if)
             vec = v.vector(d)
-            self._acc[key] = vec if key not in self._acc else v.combine(self._acc[key], vec)
+            slot = self._acc.setdefault(key, [None, None])
+            slot[1] = vec if slot[1] is None else v.combine(slot[1], vec)
 
-    def _record_forward(self, mod, name, op, args, kwargs, ins, outs) -> None:
+    def _record_forward(self, mod, name, op, args, kwargs, ins, outs, memo=None) -> None:
         for t in ins:
-            self._add(name, op, "input", t)
+            self._add(name, op, "input", t, memo=memo)
         w = _weight(mod)
         if w is not None:
-            self._add(name, op, "weight", w)
+            self._add(name, op, "weight", w, memo=memo)
         if not outs:
             return
         extra = {}
         if self.shadow:
             ref = self._layer_ref(mod, op, args, kwargs)
             if ref is not None:
-                extra.update(fields.sqnr_pair(outs[0], ref, "sh"))
+                extra.update(_sqnr_pair(outs[0], ref, "sh"))
             pending = self._e2e_out.get(name)
             if pending:
-                extra.update(fields.sqnr_pair(outs[0], pending.pop(0), "e2e"))
-        self._add(name, op, "output", outs[0], extra)
+                extra.update(_sqnr_pair(outs[0], pending.pop(0), "e2e"))
+        self._add(name, op, "output", outs[0], extra, memo)
         for t in outs[1:]:
-            self._add(name, op, "output", t)
+            self._add(name, op, "output", t, memo=memo)
 
     # ---- shadows -------------------------------------------------------------------------
 
@@ -606,31 +774,59 @@ class Telemetry:
             mode.__exit__(None, None, None)
 
     def _flush(self) -> None:
+        """The step's rows: device vectors and device flags stacked and read with one .cpu()
+        (none on a CPU-only model: the host rows are Python floats already)."""
         keys = list(self._acc)
-        parts = [torch.stack([self._acc[k] for k in keys]).flatten()] if keys else []
+        dev = [self._acc[k][1] for k in keys if self._acc[k][1] is not None]
+        parts = [torch.stack(dev).flatten()] if dev else []
         ev = self._events if self._first is None else []
-        if ev:
-            parts.append(torch.stack([e[4] for e in ev]).to(torch.float64))
-        host = torch.cat([p.to(parts[0].device) for p in parts]).cpu() if parts else None
+        dflags = [e[4] for e in ev if isinstance(e[4], torch.Tensor)]
+        if dflags:
+            dev0 = parts[0].device if parts else dflags[0].device
+            parts.append(torch.stack([f.to(dev0) for f in dflags]).to(torch.float64))
+        host = torch.cat([p.to(parts[0].device) for p in parts]).cpu().tolist() if parts else []
         nf = len(fields.NAMES)
-        for i, k in enumerate(keys):
-            raw = host[i * nf:(i + 1) * nf].tolist()
+        at = 0
+        for k in keys:
+            h, d = self._acc[k]
+            if d is not None:
+                raw, at = host[at:at + nf], at + nf
+                if h is not None:   # a row fed by CPU and device tensors alike
+                    raw = fields.host_combine(h, raw)
+            else:
+                raw = h
             self._rows.append({"step": self.step_index, "rank": self.rank, "module": k[0],
                                "op": k[1], "role": k[2], "pass": k[3], "recipe": k[4],
                                "what_if": k[5], **dict(zip(fields.NAMES, raw, strict=True))})
         if ev:
-            flags = host[len(keys) * nf:].tolist()
-            hit = next((e for e, f in zip(ev, flags, strict=True) if f), None)
+            flags = iter(host[at:])
+            hit = next((e for e in ev
+                        if (e[4] if isinstance(e[4], bool) else next(flags))), None)
             if hit is not None:
                 nf_ = NonFinite(self.step_index, *hit[:4])
                 vec = hit[5]
-                raw = {} if vec is None else dict(zip(fields.NAMES, vec.cpu().tolist(),
-                                                      strict=True))
+                if isinstance(vec, torch.Tensor):
+                    vec = vec.cpu().tolist()
+                raw = {} if vec is None else dict(zip(fields.NAMES, vec))
                 nf_.inputs = {k: raw[k] for k in ("n", "n_nan", "n_inf", "amax",
                                                               "min_nonzero")} if raw else {}
                 self._first = nf_
         self._acc.clear()
         self._events.clear()
+
+
+def _remode(mode) -> None:
+    """Put back the mode Telemetry._unmode took off (None: nothing)."""
+    if mode is not None:
+        torch._C._push_on_torch_function_stack(mode)
+
+
+def _sqnr_pair(out: torch.Tensor, ref64: torch.Tensor, prefix: str) -> dict:
+    """fields.sqnr_pair, from the compiled pass on CPU (Python floats) where it applies."""
+    r = _host_sqnr(out, ref64)
+    if r is None:
+        return fields.sqnr_pair(out, ref64, prefix)
+    return {f"{prefix}_n": 1.0, f"{prefix}_sig_sq": r[0], f"{prefix}_err_sq": r[1]}
 
 
 def watch(model: nn.Module, recipe=None, shadow: bool = False, what_if=(), every: int = 1, *,

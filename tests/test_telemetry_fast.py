@@ -1,0 +1,345 @@
+"""numcheck.telemetry's CPU route (numcheck/telemetry/_stats_cpu.py, host accumulation in
+watch.py) against the torch route it replaces on CPU (fields.tensor_stats / sqnr_pair, device
+vectors: still the CUDA route and the reference): per-tensor fields on every dtype with NaN,
+Inf, zeros, subnormals, odd and empty sizes, non-contiguous views; whole watched runs giving
+the same records and the same first non-finite producer; host and device accumulation rules;
+the fallback when the compiled pass fails; the watch's TorchFunctionMode seeing only the
+model's own ops."""
+from __future__ import annotations
+
+import importlib
+import math
+import warnings
+
+import numpy as np
+import pytest
+import torch
+from torch import nn
+from torch.overrides import TorchFunctionMode
+
+from numcheck import telemetry
+from numcheck.convergence.models import build
+from numcheck.telemetry import _stats_cpu, fields
+
+W = importlib.import_module("numcheck.telemetry.watch")  # the module (the package exports watch())
+
+DTYPES = (torch.float32, torch.float64, torch.bfloat16, torch.float16)
+SIZES = (1, 2, 3, 4, 5, 7, 8, 9, 31, 1000, 4097)
+# float fields that are sums of squares, summed in another order by the compiled pass
+SUM_FIELDS = ("sum_sq", "sh_sig_sq", "sh_err_sq", "e2e_sig_sq", "e2e_err_sq")
+
+
+@pytest.fixture(autouse=True)
+def _one_thread():
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
+@pytest.fixture
+def torch_route():
+    """Telemetry without the compiled CPU pass (the torch route on CPU, as without numba)."""
+    saved = dict(W._FAST)
+    W._FAST["module"] = None
+    yield
+    W._FAST.clear()
+    W._FAST.update(saved)
+
+
+def _sum_tol(n: int) -> float:
+    # two float64 sums of the same n non-negative terms in different orders: each within
+    # (n - 1) 2^-53 of the exact sum (relative), so within 2 n 2^-53 of each other
+    return 2 * max(n, 1) * 2.0**-53
+
+
+def _values(n: int, dtype: torch.dtype, gen: torch.Generator) -> torch.Tensor:
+    """Normal values over the dtype's whole range, with its subnormals, +-0, NaN, +-Inf and
+    (float64) squares that overflow, at seeded positions."""
+    fi = torch.finfo(dtype)
+    # exponents from below the smallest subnormal (those round to zero) up to the top binade
+    lo, hi = math.log2(fi.smallest_normal) + math.log2(fi.eps) - 2, math.log2(fi.max)
+    e = torch.empty(n, dtype=torch.float64).uniform_(lo, hi, generator=gen)
+    x = torch.randn(n, generator=gen, dtype=torch.float64).sign() * torch.exp2(e)
+    x = x.to(dtype)  # below the smallest subnormal: zeros; between: subnormals
+    k = torch.randint(0, 12, (n,), generator=gen)
+    x[k == 0] = 0.0
+    x[k == 1] = -0.0
+    x[k == 2] = fi.smallest_normal / 4  # a subnormal of the dtype
+    if n > 6:
+        x[k == 3] = math.nan
+        x[k == 4] = math.inf
+        x[k == 5] = -math.inf
+    return x
+
+
+def _torch_plain(t: torch.Tensor) -> list[float]:
+    d = fields.tensor_stats(t)
+    return [float(d[k]) for k in fields.PLAIN]
+
+
+def _same(a: float, b: float) -> bool:
+    return (math.isnan(a) and math.isnan(b)) or a == b
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_compiled_pass_equals_torch_route_on_every_dtype(dtype):
+    gen = torch.Generator().manual_seed(1)
+    cases = []
+    for n in SIZES:
+        x = _values(n, dtype, gen)
+        cases += [x, x.clone().normal_(generator=gen) if dtype is not torch.bfloat16 else
+                  torch.randn(n, generator=gen).to(dtype)]   # all finite: the select-free loop
+        if n > 8:
+            cases += [x[::3], x.reshape(1, -1).expand(2, -1).t()]   # non-contiguous views
+    cases += [torch.tensor(3.0, dtype=dtype), torch.tensor(math.nan, dtype=dtype),
+              torch.zeros(17, dtype=dtype), torch.full((5,), math.inf, dtype=dtype),
+              torch.full((9,), -math.inf, dtype=dtype)]
+    if dtype is torch.float64:
+        cases.append(torch.tensor([1e200, 3.0, 1e-310]))   # x^2 overflows; a subnormal
+    for x in cases:
+        assert _stats_cpu.handles(x)
+        got, want = _stats_cpu.raw(x), _torch_plain(x)
+        # counts, amax and min_nonzero bitwise
+        assert all(_same(g, w) for g, w in zip(got[:7], want[:7], strict=True)), (x, got, want)
+        assert math.isclose(got[7], want[7], rel_tol=_sum_tol(x.numel())), (got[7], want[7])
+        ints = _stats_cpu.raw(x, sums=False)
+        assert ints[:7] == got[:7] and math.isnan(ints[7])
+
+
+def test_compiled_pass_takes_grad_tensors_parameters_and_refuses_the_rest():
+    p = nn.Parameter(torch.randn(4, 4))
+    y = p * 2   # requires grad, not a leaf
+    for t in (p, y):
+        got, want = _stats_cpu.raw(t), _torch_plain(t)
+        assert got[:7] == want[:7] and math.isclose(got[7], want[7], rel_tol=_sum_tol(16))
+    assert not _stats_cpu.handles(torch.zeros(3, dtype=torch.int64))
+    assert not _stats_cpu.handles(torch.zeros(3, dtype=torch.float8_e4m3fn))
+    assert not _stats_cpu.handles(torch.zeros(3).as_subclass(_Sub))
+    assert not _stats_cpu.handles(torch.eye(3).to_sparse())
+    assert not _stats_cpu.handles(torch._neg_view(torch.ones(3)))
+
+
+class _Sub(torch.Tensor):
+    pass
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_compiled_sqnr_equals_sqnr_pair(dtype):
+    gen = torch.Generator().manual_seed(2)
+    for n in SIZES:
+        ref = torch.randn(n, generator=gen, dtype=torch.float64)
+        out = (ref * (1 + 1e-3 * torch.randn(n, generator=gen, dtype=torch.float64))).to(dtype)
+        if n > 6:
+            ref[1], ref[2], out[3], out[4] = math.nan, math.inf, math.nan, -math.inf
+        got = _stats_cpu.sqnr(out, ref)
+        want = fields.sqnr_pair(out, ref, "sh")
+        for g, k in zip(got, ("sh_sig_sq", "sh_err_sq"), strict=True):
+            w = float(want[k])
+            assert (math.isnan(g) and math.isnan(w)) or \
+                math.isclose(g, w, rel_tol=_sum_tol(n)), (n, k, g, w)
+    assert _stats_cpu.sqnr(torch.zeros(2, 3), torch.zeros(3, dtype=torch.float64)) is None
+
+
+def test_host_accumulation_follows_the_device_rules():
+    """A host row (Python floats, 0-d tensors) equals the device vector of the same values
+    combined in the same order, NaN propagating through max and min as on the device."""
+    v = fields.Vectors("cpu")
+    obs = [{"q_n": 4.0, "blk_sqnr_min_db": 7.5, "blk_log2_max": -3.0, "q_err_sq": 0.25},
+           {"q_n": torch.tensor(2, dtype=torch.int64), "blk_sqnr_min_db": math.nan,
+            "blk_log2_max": torch.tensor(-1.0, dtype=torch.float64), "q_err_sq": 1e308},
+           {"q_n": 1.0, "blk_sqnr_min_db": 3.0, "blk_log2_max": 2.0, "q_err_sq": 1e308}]
+    host, dev = fields.host_identity(), None
+    for d in obs:
+        fields.host_update(host, d)
+        vec = v.vector(d)
+        dev = vec if dev is None else v.combine(dev, vec)
+    assert all(_same(a, b) for a, b in zip(host, dev.tolist(), strict=True))
+    assert math.isnan(host[fields.INDEX["blk_sqnr_min_db"]])
+    assert host[fields.INDEX["q_err_sq"]] == math.inf
+    both = fields.host_combine(host, dev.tolist())
+    assert both[fields.INDEX["q_n"]] == 14.0 and both[fields.INDEX["blk_log2_max"]] == 2.0
+
+
+def _records(build_args, steps, setting, train=True):
+    model, task, lr = build(*build_args)
+    opt = torch.optim.AdamW(model.parameters(), lr=lr)
+    losses = []
+    with telemetry.watch(model, **setting) as t:
+        for s in range(steps):
+            loss = model.loss(task.batch_at(0, s))
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            if train:
+                opt.step()
+            losses.append(float(loss.detach()))
+            t.step()
+    return t.records(), losses
+
+
+# quantization fields summed over elements or blocks: a CPU quantizer pass wired into
+# fields.quant_stats (numcheck/telemetry/_quant_cpu.py) may sum them in its own order too
+QUANT_SUMS = ("q_sig_sq", "q_err_sq", "blk_log2_sum", "blk_log2_sumsq", "blk_sqnr_min_db")
+# derived from those sums (ratios and logs of them)
+DERIVED_SUMS = ("sqnr_db", "shadow_sqnr_db", "e2e_sqnr_db", "worst_block_sqnr_db")
+
+
+def _assert_same_records(fast, slow):
+    assert list(fast.columns) == list(slow.columns)
+    key = list(fields.KEY)
+    assert fast[key].equals(slow[key]), "rows or their order differ"
+    rel = _sum_tol(int(fast["n"].max()))
+    for c in fields.NAMES + fields.DERIVED:
+        a, b = fast[c].to_numpy(), slow[c].to_numpy()
+        if c in SUM_FIELDS:
+            np.testing.assert_allclose(a, b, rtol=rel, atol=0, equal_nan=True, err_msg=c)
+        elif c in QUANT_SUMS or c in DERIVED_SUMS:
+            # other summation orders: the sums' relative error, amplified by a ratio, a log
+            # or a difference of two sums (scale_std's E[x^2] - E[x]^2) by at most 1e4
+            np.testing.assert_allclose(a, b, rtol=1e4 * rel, atol=1e4 * rel, equal_nan=True,
+                                       err_msg=c)
+        elif c == "scale_std_binades":
+            # sqrt(E[x^2] - E[x]^2): where the scales are near constant the difference cancels,
+            # and a relative error rel of the sums moves the std by up to sqrt(4 rel E[x^2])
+            ex2 = (slow["blk_log2_sumsq"] / slow["blk_scaled_n"]).to_numpy()
+            atol = np.sqrt(4 * rel * np.nan_to_num(ex2))
+            bad = ~np.isclose(a, b, rtol=1e4 * rel, atol=0, equal_nan=True) & ~(abs(a - b) <= atol)
+            assert not bad.any(), (c, a[bad], b[bad], atol[bad])
+        else:   # counts, maxima and minima: bitwise
+            np.testing.assert_array_equal(a, b, err_msg=c)
+
+
+@pytest.mark.parametrize("name", ["tiny_lm", "tiny_dit"])
+def test_watched_run_records_equal_the_torch_routes(name, torch_route):
+    setting = dict(recipe="mxfp8", what_if=("nvfp4",), shadow=True)
+    slow, slow_losses = _records((name, 0), 2, setting)
+    W._FAST.clear()   # the compiled pass back on
+    fast, fast_losses = _records((name, 0), 2, setting)
+    assert fast_losses == slow_losses
+    _assert_same_records(fast, slow)
+
+
+class _Boom(nn.Module):
+    k = 1.0
+
+    def forward(self, x):
+        return torch.exp(x * self.k)
+
+
+def _bf16_model():
+    torch.manual_seed(0)
+    m = nn.Sequential(nn.Linear(16, 24), nn.LayerNorm(24), nn.Linear(24, 8), _Boom())
+    return m.to(torch.bfloat16)
+
+
+def test_bf16_model_and_its_producer_equal_the_torch_routes(torch_route):
+    def run():
+        m = _bf16_model()
+        with telemetry.watch(m, recipe="mxfp8") as t:
+            for k in range(3):
+                x = torch.randn(5, 16, generator=torch.Generator().manual_seed(k))
+                m[3].k = 1.0 if k < 2 else 300.0   # exp overflows bf16 on the last step
+                m(x.to(torch.bfloat16)).float().sum().backward()
+                t.step()
+        return t.records(), t.first_nonfinite()
+    slow, slow_nf = run()
+    W._FAST.clear()
+    fast, fast_nf = run()
+    _assert_same_records(fast, slow)
+    assert fast_nf is not None and fast_nf == slow_nf and fast_nf[1] == "3"
+    assert fast_nf.inputs == slow_nf.inputs and fast_nf.inputs["n_inf"] == 0
+
+
+def test_rows_fed_by_both_routes_equal_the_torch_routes(monkeypatch, torch_route):
+    """Every other tensor through the torch route (as a model with CPU and CUDA tensors has
+    them): host and device rows, flags and producer vectors combine to the same records and
+    the same producer."""
+    def run():
+        m = _bf16_model().float()
+        with telemetry.watch(m, recipe="mxfp8", shadow=True) as t:
+            for k in range(3):
+                x = torch.randn(5, 16, generator=torch.Generator().manual_seed(k))
+                m[3].k = 1.0 if k < 2 else 300.0
+                m(x).sum().backward()
+                t.step()
+        return t.records(), t.first_nonfinite()
+    slow, slow_nf = run()
+    W._FAST.clear()
+    fast = W._fast()
+    calls = [0]
+    handles = fast.handles
+
+    def alternate(t):
+        calls[0] += 1
+        return handles(t) and calls[0] % 2 == 0
+    monkeypatch.setattr(fast, "handles", alternate)
+    mixed, mixed_nf = run()
+    assert calls[0] > 100
+    _assert_same_records(mixed, slow)
+    assert slow_nf is not None and slow_nf[1] == "3"
+    assert mixed_nf == slow_nf and mixed_nf.inputs == slow_nf.inputs
+
+
+def test_a_failing_compiled_pass_warns_once_and_takes_the_torch_route(monkeypatch):
+    saved = dict(W._FAST)
+    fast = W._fast()
+    assert fast is not None
+
+    def broken(t, sums=True):
+        raise RuntimeError("no compiler here")
+    monkeypatch.setattr(fast, "raw", broken)
+    try:
+        model = nn.Sequential(nn.Linear(8, 8), nn.LayerNorm(8))
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            with telemetry.watch(model) as t:
+                model(torch.randn(3, 8)).sum().backward()
+                t.step()
+        msgs = [str(w.message) for w in caught if "compiled CPU pass failed" in str(w.message)]
+        assert len(msgs) == 1 and W._FAST["module"] is None
+        df = t.records()
+        assert len(df) > 0 and (df.n > 0).all()
+    finally:
+        W._FAST.clear()
+        W._FAST.update(saved)
+
+
+def test_without_numba_the_torch_route_runs_with_one_warning(monkeypatch, torch_route):
+    W._FAST.clear()
+
+    def no_numba(name):
+        raise ImportError("No module named 'numba'")
+    monkeypatch.setattr(W.importlib, "import_module", no_numba)
+    model = nn.Sequential(nn.Linear(8, 8), nn.LayerNorm(8))
+    with pytest.warns(RuntimeWarning, match="no numba"), telemetry.watch(model) as t:
+        model(torch.randn(3, 8)).sum().backward()
+        t.step()
+    assert W._FAST["module"] is None and len(t.records()) > 0
+
+
+class _Count(TorchFunctionMode):
+    def __init__(self):
+        super().__init__()
+        self.funcs = []
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        self.funcs.append(func)
+        return func(*args, **(kwargs or {}))
+
+
+def test_the_watch_mode_sees_the_models_ops_not_telemetrys(monkeypatch):
+    model, task, _ = build("tiny_lm", 0)
+    tokens = task.batch_at(0, 0)["tokens"]
+    with _Count() as plain:
+        model(tokens)
+    seen = []
+    inner = W._OpMode.__torch_function__
+
+    def counting(self, func, types, args=(), kwargs=None):
+        seen.append(func)
+        return inner(self, func, types, args, kwargs)
+    monkeypatch.setattr(W._OpMode, "__torch_function__", counting)
+    with telemetry.watch(model, recipe="mxfp8", shadow=True):
+        model(tokens)
+    # exactly the forward's own ops, none of the statistics', quantizers' or shadows'
+    assert sorted(map(repr, seen)) == sorted(map(repr, plain.funcs))

@@ -326,7 +326,7 @@ def _fingerprint(args: argparse.Namespace) -> int:
 _SELECT = (
     _arg("--suite", action="append", default=None,
          help="built-in suite to run (repeatable; default all): ops, search, quant, "
-              "convergence, fingerprint"),
+              "convergence, fingerprint, telemetry"),
     _arg("-k", dest="keyword", default=None, help="pytest -k selection within the suites"),
     _arg("-n", dest="workers", default="2", help="pytest-xdist workers (0: in process)"),
     _arg("-v", "--verbose", action="store_true",

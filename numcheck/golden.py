@@ -29,7 +29,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from .errors import UsageError
-from .records import GOLDEN_FIELDS, RESULT_FIELDS, STAT_SIDES, STAT_FIELDS, Record
+from .records import GOLDEN_FIELDS, RESULT_FIELDS, STAT_SIDES, STAT_FIELDS, Record, family_of_row
 
 # 2: rows carry ``platforms`` (the envelope's platforms); schema-1 files get theirs from the
 # file's provenance when read.
@@ -276,6 +276,9 @@ def merge_envelope(old: dict, new: dict) -> dict:
             row[f"{side}_worst_block"] = old.get(f"{side}_worst_block")
     for col in ("bound_ratio", "baseline_bound_ratio"):
         row[col] = _worse("rel_l2", old.get(col), new.get(col))
+    if family_of_row(new) == "telemetry":  # floors and ceilings: the lower and the higher
+        from .telemetry_rules import merge_metrics
+        row["metrics"] = merge_metrics(old, new)
     if _STATUS_RANK.get(old.get("status"), 0) > _STATUS_RANK.get(new.get("status"), 0):
         row["status"] = old.get("status")
     seen = platforms_of(old)
@@ -386,6 +389,13 @@ def _fmt(v: Any) -> str:
     return str(v)
 
 
+def _metric(v: Any) -> str:
+    """A metric as the summary shows it: integral floats (bit counts) as integers."""
+    if isinstance(v, float) and math.isfinite(v):
+        return str(int(v)) if v.is_integer() else f"{v:.4g}"
+    return str(v)
+
+
 def summary_text(rows: Iterable[dict]) -> str:
     """One sorted line per row: key, then the metrics a reviewer reads (git-diff friendly)."""
     lines = []
@@ -395,9 +405,9 @@ def summary_text(rows: Iterable[dict]) -> str:
                         for s in _TEXT_STATS if row.get(s) is not None)
         if row.get("series"):
             vals += f" series={_fmt(row['series'])}"
-        if row.get("output") == "fingerprint" and row.get("metrics"):
+        if row.get("output") in ("fingerprint", "telemetry") and row.get("metrics"):
             m = row["metrics"]
-            vals += " " + " ".join(f"{k}={int(v) if isinstance(v, float) else v}" for k, v in
+            vals += " " + " ".join(f"{k}={_metric(v)}" for k, v in
                                    sorted((json.loads(m) if isinstance(m, str) else m).items()))
         lines.append(f"{key} {vals}")
     return "\n".join(lines) + "\n"

@@ -123,7 +123,9 @@ class Record:
     # statistics are the worst of them (the envelope). A record: the platform it ran on.
     platforms: str = _golden(default="")
     # -- the rest of the verdict's inputs (results only)
-    family: str = "ops"  # whose rules judge it: "ops" (also users' ops), "quant", "convergence"
+    # whose rules judge it: "ops" (also users' ops), "quant", "convergence", "fingerprint",
+    # "telemetry"
+    family: str = "ops"
     cond: float = 1.0  # ||scale|| / ||ref|| (rule 5 floors on cancelling results)
     reduction_len: float = 0.0
     # error over the condition-aware bound (numcheck.conditioning); None: not measured (it is
@@ -153,9 +155,10 @@ class Record:
 
     @property
     def measured(self) -> bool:
-        """Something a golden row can hold: error statistics, a curve or a fingerprint."""
+        """Something a golden row can hold: error statistics, a curve, a fingerprint or a
+        model's telemetry floors."""
         return self.kernel_stats is not None or self.series is not None or \
-            (self.family == "fingerprint" and bool(self.metrics))
+            (self.family in ("fingerprint", "telemetry") and bool(self.metrics))
 
     def metric(self, name: str, default: Any = None) -> Any:
         return (self.metrics or {}).get(name, default)
@@ -217,6 +220,8 @@ def family_of_row(row: dict[str, Any]) -> str:
         return "convergence"
     if row.get("output") == "fingerprint":
         return "fingerprint"
+    if row.get("output") == "telemetry":  # numcheck.telemetry_rules
+        return "telemetry"
     if row.get("suite") == "quant" and row.get("op") in ("roundtrip", "gemm"):
         return "quant"
     return "ops"

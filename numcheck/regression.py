@@ -24,6 +24,7 @@ Changed inputs (digest differs) are reported as such, never as a regression or i
 """
 from __future__ import annotations
 
+import json
 import math
 from dataclasses import dataclass, field
 from typing import Callable
@@ -119,9 +120,22 @@ class Change:
             if obj is not None and obj.get("series"):
                 s = obj["series"]
                 parts.append(f"{tag} curve: {len(s)} steps, final loss - fp32 {s[-1]:+.4g}")
+        parts += _metrics_changes(self.old, self.new)
         if self.new and self.old and self.new.get("status") != self.old.get("status"):
             parts.append(f"status {self.old.get('status')} -> {self.new.get('status')}")
         return ", ".join(parts) or "no metric changed"
+
+
+def _metrics_changes(old: dict | None, new: dict | None) -> list[str]:
+    """``name old -> new`` for the family metrics (fingerprints, telemetry floors) that differ."""
+    def load(row):
+        m = None if row is None else row.get("metrics")
+        return json.loads(m) if isinstance(m, str) else (m or {})
+    if new is None:
+        return []
+    a, b = load(old), load(new)
+    return [f"{k} {_fmt(a.get(k))} -> {_fmt(b.get(k))}" for k in sorted(a.keys() | b.keys())
+            if a.get(k) != b.get(k) and not (_nan(a.get(k)) and _nan(b.get(k)))]
 
 
 def _nan(x) -> bool:

@@ -226,7 +226,11 @@ def _merges(old: dict | None, new: dict) -> bool:
 
 
 def _new_nonfinite(row: dict, old: dict | None) -> str:
-    """Why a row must not be baked into a golden: a NaN/inf the reference does not have."""
+    """Why a row must not be baked into a golden: a NaN/inf the reference does not have (a
+    telemetry row: a NaN statistic or new non-finite elements, numcheck.telemetry_rules)."""
+    if family_of_row(row) == "telemetry":
+        from .telemetry_rules import unbakeable
+        return unbakeable(row, old)
     mm = row.get("kernel_nonfinite_mismatch") or 0
     if mm and (old is None or mm > (old.get("kernel_nonfinite_mismatch") or 0)):
         return f"{mm} element(s) non-finite where the FP64 reference is not (or the reverse)"

@@ -184,6 +184,35 @@ class SuiteContext:
         self.check_records([as_record(fp, suite=self.suite or "fingerprint")])
         return fp
 
+    def telemetry_floors(self, frame_or_t, *, model: str, inputs=None,
+                         repro: str | None = None, device: str | None = None):
+        """A model's telemetry gated against its golden inside a test: the per-layer floors
+        and ceilings over the steps of ``frame_or_t`` (a ``numcheck.telemetry.watch``'s
+        ``Telemetry`` or its ``records()`` frame: SQNR, worst-block SQNR, shadow SQNRs,
+        underflow, saturation, non-finite elements; numcheck.telemetry.floors), one record per
+        (module, op, role, recipe) under this test module's suite, case ids
+        ``<model>/<recipe>/<module>/<role>``. A floor below the golden's beyond its slack (or a
+        NaN statistic) fails the test naming layer, statistic, golden and now;
+        ``--numcheck-refresh`` records them. ``inputs``: anything hashed into the input digest
+        (seed, data version); ``repro``: the command that reruns it (default: this pytest
+        test); ``device``: where the model ran (default: the run's device), whose device class
+        keys the golden. Returns the records."""
+        import os
+
+        import pytest
+
+        from .telemetry.floors import as_records
+
+        if repro is None:
+            current = os.environ.get("PYTEST_CURRENT_TEST", "").rsplit(" (", 1)[0]
+            repro = f"pytest '{current}'" if current else ""
+        records = as_records(frame_or_t, model=model, suite=self.suite or "telemetry",
+                             device=device or self.device, inputs=inputs, repro=repro)
+        if not records:
+            pytest.fail(f"telemetry of {model}: no gated statistic in the frame (watch it with "
+                        f"recipe=, what_if= or shadow=True, and call t.step())", pytrace=False)
+        return self.check_records(records)
+
     def verify(self, op: str, fn, *, fail: bool = True, **kwargs):
         """``numcheck.verify`` inside a test: same run, same goldens, same summary. Fails the
         test with the diagnostics unless ``fail=False`` (then inspect ``.passed``)."""

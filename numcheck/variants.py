@@ -7,6 +7,9 @@ noise of the same order, so a golden-regression check must pass them. The plante
 lose part of a bit (one extra rounding of an intermediate to the compute dtype), so it must
 catch them.
 
+Planted quantizer faults (``planted_mx_recipe``: a lost mantissa bit, a block scale a binade
+off, a NaN) do the same for the telemetry goldens (numcheck.telemetry_rules).
+
 They calibrate the golden slack (``bench/calibrate_golden_slack.py``) and prove it
 (``tests/test_golden_benign.py``, ``tests/test_ops_*.py``). Use them the same way for your own
 goldens: ``numcheck.verify(op, fn)`` with one of them in place of your kernel, against your
@@ -14,14 +17,18 @@ golden rows. Each takes the op's signature; none is registered as a kernel.
 """
 from __future__ import annotations
 
+import dataclasses
 import math
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
+from numcheck import formats
 from numcheck.ops.attention import sdpa_baseline
 from numcheck.ops.rope import rotate_half
+from numcheck.quant.mx import MXFormat
 
 # ---- norms -----------------------------------------------------------------------------------
 
@@ -326,3 +333,64 @@ def swiglu_fused_fp32(a, b):
     """SwiGLU a sigmoid(a) b in one fp32 expression, one rounding (no rounding of silu(a))."""
     af = a.float()
     return (af * torch.sigmoid(af) * b.float()).to(a.dtype)
+
+
+# ---- planted quantizer faults (telemetry goldens) ------------------------------------------
+# An MX recipe whose quantizers carry a fault, measured by numcheck.telemetry.watch in place of
+# the real one (same name, so its records meet the real recipe's goldens): they calibrate the
+# telemetry slacks (bench/calibrate_telemetry_slack.py) and prove them
+# (tests/test_telemetry_golden.py).
+
+@dataclass(frozen=True)
+class FaultyMX(MXFormat):
+    """An MX format with a planted fault: ``lost_bit`` (elements keep one mantissa bit less,
+    RNE), ``scale_up`` / ``scale_down`` (block scales one binade too high / low: elements
+    rounded, saturating, on the shifted grid), ``nan`` (a NaN out of finite values)."""
+
+    fault: str = "lost_bit"
+
+    def encode(self, x, dim=-1):
+        q = super().encode(x, dim)
+        if self.fault not in ("scale_up", "scale_down"):
+            return q
+        e = (q.scale_exp + (1 if self.fault == "scale_up" else -1)).clamp(-127, 127)  # E8M0
+        s = 2.0 ** e.to(torch.float64).repeat_interleave(self.block, q.dim)
+        codes = formats.round_to(torch.as_tensor(x, dtype=torch.float64) / s, self.elem)
+        return dataclasses.replace(q, codes=codes, scale_exp=e,
+                                   scale_code=(e + 127).to(q.scale_code.dtype))
+
+    def decode(self, q):
+        x = super().decode(q)
+        if self.fault == "lost_bit":
+            e = torch.floor(torch.log2(x.abs().clamp_min(1e-300)))
+            step = 2.0 ** (e - (formats.get(self.elem).mbits - 1))
+            return torch.where(x == 0, x, torch.round(x / step) * step)
+        if self.fault == "nan":
+            x = x.clone()
+            x.view(-1)[0] = math.nan
+        return x
+
+
+@dataclass(frozen=True)
+class _PlantedQuantizer:
+    format: FaultyMX
+
+
+@dataclass(frozen=True)
+class PlantedRecipe:
+    """A QuantRecipe-like (``name``, ``x``, ``w``, ``grad``) for numcheck.telemetry.watch."""
+
+    name: str
+    x: _PlantedQuantizer
+    w: _PlantedQuantizer
+    grad: _PlantedQuantizer
+    hadamard: None = None
+
+
+def planted_mx_recipe(fault: str, base: str = "mxfp8") -> PlantedRecipe:
+    """``base`` (an MX recipe of numcheck.quant.recipe.RECIPES) with ``fault`` (FaultyMX) in
+    each role's quantizer, under ``base``'s name."""
+    from numcheck.quant.recipe import get_recipe
+    r = get_recipe(base)
+    return PlantedRecipe(base, *(_PlantedQuantizer(FaultyMX(q.fmt, q.block, q.scale_mode, fault))
+                                 for q in (r.x, r.w, r.grad)))

@@ -1,6 +1,7 @@
 """The one verdict path: every record, whatever produced it, is judged here.
 
-Each family (``ops`` — built-in and users' ops —, ``quant``, ``convergence``, ``fingerprint``)
+Each family (``ops`` — built-in and users' ops —, ``quant``, ``convergence``, ``fingerprint``,
+``telemetry``)
 contributes one
 ``Rules`` object: its absolute rules (messages for a record; empty = passed), its extra golden
 rules (beyond the common statistics rules of ``numcheck.regression``) and its section of the
@@ -47,6 +48,7 @@ RULES: dict[str, Callable[[], Rules]] = {
     "quant": lambda: importlib.import_module("numcheck.quant.rules").QUANT_RULES,
     "convergence": lambda: importlib.import_module("numcheck.convergence.rules").CONVERGENCE_RULES,
     "fingerprint": lambda: importlib.import_module("numcheck.forensics_rules").FINGERPRINT_RULES,
+    "telemetry": lambda: importlib.import_module("numcheck.telemetry_rules").TELEMETRY_RULES,
 }
 
 

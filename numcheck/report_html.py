@@ -193,6 +193,10 @@ def _no_histogram_reason(r: Record) -> str:
         return "the kernel gave no output to measure"
     if r.series is not None:
         return "a convergence record holds a loss curve, not element errors"
+    if r.family == "telemetry":
+        return "a telemetry record holds per-layer statistics, not element errors"
+    if r.family == "fingerprint":
+        return "a fingerprint record holds a kernel's properties, not element errors"
     if r.status == Status.PASSED:  # failing on its golden alone
         rerun = "rerun its repro" if r.repro else "rerun the case"
         return (f"the case passed its rules and fails on its golden ({_e(r.golden)}); "
@@ -463,17 +467,63 @@ def _fingerprints(records: list[Record]) -> Section | None:
     return "fingerprints", "Kernel fingerprints", "".join(body)
 
 
-def _telemetry(records: list[Record]) -> Section | None:
+def _telemetry(records: list[Record], mode: str) -> Section | None:
+    """Telemetry goldens' records (numcheck.telemetry.floors): per (model, recipe), a heatmap
+    of layer (module, op, role) x gated statistic, coloured per column from worst to best,
+    failing records outlined; then every record in a table, folded."""
+    from .telemetry_rules import BY_KEY
     rows = [r for r in records if "telemetry" in (r.family, r.suite)]
     if not rows:
         return None
+    groups: dict[tuple[str, str], list[Record]] = {}
+    for r in rows:
+        model, recipe = (r.case_id.split("/") + ["", ""])[:2]
+        groups.setdefault((model, recipe), []).append(r)
+    body = []
+    for (model, recipe), rs in groups.items():
+        keys = [k for k in BY_KEY if any(isinstance(r.metric(k), (int, float)) for r in rs)]
+        what_if = any("what_if=True" in (r.params or "") for r in rs)
+        cols = {}
+        for k in keys:
+            vals = [float(r.metric(k)) for r in rs if isinstance(r.metric(k), (int, float))
+                    and math.isfinite(float(r.metric(k)))]
+            cols[k] = (min(vals), max(vals)) if vals else (0.0, 0.0)
+        trs = []
+        for r in rs:
+            bad = failing(r, mode)
+            layer = "/".join(r.case_id.split("/")[2:])
+            tds = []
+            for k in keys:
+                v, (lo, hi) = r.metric(k), cols[k]
+                v = float(v) if isinstance(v, (int, float)) else math.nan
+                floor = BY_KEY[k].kind == "floor"
+                colour = _heat_colour(v, lo, hi) if floor else _heat_colour(-v, -hi, -lo)
+                tip = f"{layer} {BY_KEY[k].label}: {_num(v, '.4g')} {BY_KEY[k].unit}"
+                if bad:
+                    tip += f" | {r.golden_reason or r.reason}"
+                tds.append(f'<td class="heat{" fail" if bad else ""}" data-key="{_e(k)}" '
+                           f'style="background:{colour}" title="{_e(tip)}">'
+                           f"{_num(v, '.4g')}{' FAIL' if bad else ''}</td>")
+            trs.append(f'<tr data-case="{_e(r.case_id)}"><th>{_e(layer)} <span class="note">'
+                       f'({_e(r.kernel)})</span></th>{"".join(tds)}</tr>')
+        head = "".join(f"<th>{_e(BY_KEY[k].label)}{f' ({BY_KEY[k].unit})' if BY_KEY[k].unit else ''}"
+                       "</th>" for k in keys)
+        body.append(f"<h3>{_e(model)}: {_e(recipe)}{' (what-if)' if what_if else ''}</h3>"
+                    f'<div class="wide"><table class="heatmap" data-model="{_e(model)}" '
+                    f'data-recipe="{_e(recipe)}"><thead><tr><th>layer (op)</th>{head}</tr>'
+                    f"</thead><tbody>{''.join(trs)}</tbody></table></div>")
     keys = sorted({k for r in rows for k in (r.metrics or {})})
     table = _table(["op", "kernel", "case", "output", "device class", "status",
                     *map(_e, keys), "reason"],
                    [[_e(r.op), _e(r.kernel), _e(r.case_id), _e(r.output), _e(r.device_class),
                      _badge(r.status), *(_show(r.metric(k, "")) for k in keys), _e(r.reason)]
                     for r in rows])
-    return "telemetry", "Telemetry", table
+    body.append('<p class="note">Each cell: the statistic over the run\'s steps (floors: the '
+                "minimum, ceilings: the maximum; docs/telemetry.md), green the column's best, "
+                "red its worst. Per-step heatmaps: <code>numcheck inspect</code> "
+                "(each record's repro command) writes them.</p>"
+                f"<details><summary>All {len(rows)} telemetry records</summary>{table}</details>")
+    return "telemetry", "Telemetry", "".join(body)
 
 
 # --- the page -----------------------------------------------------------------------------------
@@ -487,7 +537,7 @@ def html_report(records: list[Record], provenance: dict, *, title: str | None = 
                      f"{provenance.get('date', '')}".rstrip()
     sections = [s for s in (_summary(records, provenance, mode), _failures(records, mode),
                             _worst(records), _quant(records, mode), _convergence(records),
-                            _fingerprints(records), _telemetry(records)) if s]
+                            _fingerprints(records), _telemetry(records, mode)) if s]
     return _page(title, sections)
 
 

@@ -75,9 +75,17 @@ def fingerprint_records() -> list[Record]:
 
 
 def telemetry_records() -> list[Record]:
-    return [Record(suite="telemetry", family="telemetry", op="train_step", kernel="fp8_row",
-                   case_id="step-100", status=Status.PASSED,
-                   metrics={"amax_growth": 1.5, "overflow_frac": 0.0})]
+    """Two layers of one (model, recipe), as numcheck.telemetry.floors makes them; the second
+    regressed against its golden."""
+    def rec(layer, sqnr, under, **kw):
+        return Record(suite="telemetry", family="telemetry", op="telemetry", kernel="linear",
+                      case_id=f"tiny/mxfp8/{layer}", output="telemetry", status=Status.PASSED,
+                      params="pass=forward,recipe=mxfp8,what_if=False",
+                      metrics={"sqnr_db_floor": sqnr, "underflow_pct_ceiling": under,
+                               "steps": 4, "n": 4096.0}, **kw)
+    return [rec("fc1/input", 31.25, 0.0),
+            rec("fc2/<w>", 22.5, 1.5, golden=Golden.REGRESSED,
+                golden_reason="SQNR floor golden 30.87 dB, now 22.5 dB")]
 
 
 def sample() -> list[Record]:
@@ -320,7 +328,8 @@ def test_every_failing_case_shows_its_histogram_or_why_not():
     cases = {a.find("h3")[0].text().split(" ")[0]: a
              for a in sections(tree)["failures"].find("article")}
     assert set(cases) == {f"rms_norm/{EVIL}", "rms_norm/err", "rms_norm/slower",
-                          "roundtrip/mx_e2m1_floor"}
+                          "roundtrip/mx_e2m1_floor", "telemetry/linear"}
+    assert "per-layer statistics, not element errors" in cases["telemetry/linear"].text()
     assert bars(cases[f"rms_norm/{EVIL}"].find("svg")[0]) == [3, 0, 5, 500, 4]  # + mismatches
     assert "no output to measure" in cases["rms_norm/err"].text()
     assert "passed its rules and fails on its golden (regressed); rerun its repro to see the " \
@@ -358,11 +367,26 @@ def test_fingerprint_table_per_device():
     assert row == ["matmul", "torch", "bf16", "23", "0", "rne", "pairwise", "True", "False"]
 
 
-def test_telemetry_rows_as_a_table():
-    tm = sections(Tree(html_report(telemetry_records(), PROV)))["telemetry"]
-    head = [th.text() for th in tm.find("th")]
-    assert head[-3:] == ["amax_growth", "overflow_frac", "reason"]
-    assert [td.text() for td in tm.find("td")][6:8] == ["1.5", "0"]
+def test_telemetry_heatmap_per_model_and_recipe():
+    tm = sections(Tree(html_report(telemetry_records(), PROV)))["telemetry"]  # strict
+    assert [h.text() for h in tm.find("h3")] == ["tiny: mxfp8"]
+    heat = tm.find("table", class_="heatmap")[0]
+    assert [th.text() for th in heat.find("thead")[0].find("th")] == \
+        ["layer (op)", "SQNR floor (dB)", "underflow ceiling (%)"]
+    rows = heat.find("tbody")[0].find("tr")
+    assert [r.attrs["data-case"] for r in rows] == ["tiny/mxfp8/fc1/input", "tiny/mxfp8/fc2/<w>"]
+    good, bad = ([td for td in r.find("td")] for r in rows)
+    assert [td.text() for td in good] == ["31.25", "0"]
+    assert [td.text() for td in bad] == ["22.5 FAIL", "1.5 FAIL"]
+    assert all("fail" in td.attrs["class"].split() for td in bad)
+    assert "golden 30.87 dB" in bad[0].attrs["title"]
+    # colours per column: the better SQNR green (hue 120), the worse red (hue 0); lower
+    # underflow is better
+    assert "hsl(120," in good[0].attrs["style"] and "hsl(0," in bad[0].attrs["style"]
+    assert "hsl(120," in good[1].attrs["style"] and "hsl(0," in bad[1].attrs["style"]
+    folded = tm.find("details")[0]
+    assert "All 2 telemetry records" in folded.find("summary")[0].text()
+    assert len(folded.find("tbody")[0].find("tr")) == 2
 
 
 CASE = "fp32-4x128-normal-s0-contiguous"

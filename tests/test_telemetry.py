@@ -9,6 +9,7 @@ import math
 import numpy as np
 import pytest
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from numcheck import telemetry
@@ -81,7 +82,11 @@ def test_tiny_lm_rows_columns_what_if_and_shadows():
                     "grad_weight"} == set(rows.role) and (rows.op == "norm").all()
             assert rows[rows.role == "output"].shadow_sqnr_db.iloc[0] > 100
     soft = main[(main.module == "blocks.0") & (main.op == "softmax")]
-    assert set(soft.role) == {"input", "output"} and (soft.amax[soft.role == "output"] <= 1).all()
+    assert set(soft.role) == {"input", "output", "grad_output", "grad_input"}
+    assert (soft.amax[soft.role == "output"] <= 1).all()
+    assert (soft["pass"] == soft.role.map(lambda r: "backward" if r.startswith("grad")
+                                          else "forward")).all()
+    assert (soft[soft.role.str.startswith("grad")].amax > 0).all()
     wi = df[df.what_if]
     assert set(wi.recipe) == {"nvfp4"} and set(wi.role) == {"input", "weight", "grad_output"}
     assert len(wi) == steps * len(linears) * 3
@@ -532,3 +537,27 @@ def test_a_bare_ops_backward_overflow_is_not_blamed_on_a_module_sharing_its_inpu
     assert t.first_nonfinite() is None  # l2's own share of h's gradient is finite
     gin = t.records().query("module == 'l2' and role == 'grad_input'").iloc[0]
     assert gin.nonfinite > 0  # the row still shows the tensor's total gradient
+
+
+class _SdpaAttn(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.qkv = nn.Linear(16, 48)
+
+    def forward(self, x):
+        q, k, v = self.qkv(x).view(2, 5, 3, 2, 8).permute(2, 0, 3, 1, 4)
+        return F.scaled_dot_product_attention(q, k, v, is_causal=True).sum()
+
+
+def test_sdpa_forward_and_backward_rows_under_the_calling_module():
+    model = _SdpaAttn()
+    with telemetry.watch(model) as t:
+        model(torch.randn(2, 5, 16)).backward()
+        t.step()
+    df = t.records()
+    rows = df[df.op == "sdpa"]
+    assert set(rows.module) == {"<model>"}
+    assert set(rows.role) == {"input", "output", "grad_output", "grad_input"}
+    gin = rows[rows.role == "grad_input"].iloc[0]
+    assert gin.calls == 3 and gin["pass"] == "backward"   # q, k and v
+    assert (rows.nonfinite == 0).all() and t.first_nonfinite() is None

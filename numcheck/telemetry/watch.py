@@ -575,8 +575,19 @@ class Telemetry:
         """A function-level op (sdpa, softmax) under the innermost running module."""
         name = self._stack[-1][0] if self._stack else ROOT
         memo: dict = {}
+        ins, outs = _tensors(args), _tensors(out)
+        if self.recording and torch.is_grad_enabled():
+            # its backward rows (grad_output, grad_input): tensor hooks, recording only; the
+            # backward producer check stays with the modules (an op's cell is not one of its
+            # module's calls, whose weight gradient check reads them)
+            cell: list = [None, None]
+            for t in outs:
+                if t.requires_grad:
+                    self._keep(t, t.register_hook(self._gout(name, op, cell)))
+            for t in ins:
+                if t.requires_grad:
+                    self._keep(t, t.register_hook(self._gin(name, op, cell, check=False)))
         with torch.no_grad():   # (inside __torch_function__: the mode is off already)
-            ins, outs = _tensors(args), _tensors(out)
             if self._checking() and outs:
                 self._check(name, op, "output", "forward", ins, outs, memo, self.recording)
             if self.recording:

@@ -15,12 +15,13 @@ from __future__ import annotations
 
 import math
 
-import numba
 import numpy as np
 import torch
 
+from ._numba import njit
 
-@numba.njit(nogil=True, cache=True)
+
+@njit()
 def _loop(a, b, out):  # pragma: no cover - compiled; tested through gemm()
     lead, m, k = a.shape
     n = b.shape[2]

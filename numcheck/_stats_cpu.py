@@ -21,11 +21,11 @@ torch route (the same statistics, tested equal in tests/test_stats_fast.py).
 """
 from __future__ import annotations
 
-import numba
 import numpy as np
 import torch
 
 from . import formats
+from ._numba import njit
 
 # The integer view the loop reads each output dtype through: it decodes the bits itself (the
 # same for every format, and no fp8 conversion to depend on).
@@ -67,7 +67,7 @@ _M = float.fromhex("0x1p52")  # adding and subtracting it rounds to an integer (
 _S = 512  # elements per step of a block's row segment: the scratch arrays stay in L1
 
 
-@numba.njit(nogil=True, cache=True, error_model="numpy")
+@njit(error_model="numpy")
 def _loop(bits, ref, rbits, tr, tc, emin, emax, mbits, max_sig, max_ord, has_inf, width,
           pow2, blk, fl, it, hist):
     """One chunk. fl: [sum out*ref, sum out^2, sum err, sum |err|, sum |ref|, max |err|] over
@@ -177,7 +177,7 @@ def _loop(bits, ref, rbits, tr, tc, emin, emax, mbits, max_sig, max_ord, has_inf
                                                                 s_u, s_d, s_mag)
 
 
-@numba.njit(nogil=True, cache=True, inline="always")
+@njit(inline="always")
 def _classes(code, r, emin, emax, mbits, max_sig, max_ord, has_inf, low_mask, pow2):
     """(out is NaN, out is inf, the classes differ) for one element, the reference rounded to
     nearest-even with fmt's own overflow (formats.round_with_ordinal's classes)."""

@@ -482,6 +482,8 @@ def _telemetry(records: list[Record], mode: str) -> Section | None:
     body = []
     for (model, recipe), rs in groups.items():
         keys = [k for k in BY_KEY if any(isinstance(r.metric(k), (int, float)) for r in rs)]
+        if not keys:  # no gated statistic (an errored test, a user's own record): table only
+            continue
         what_if = any("what_if=True" in (r.params or "") for r in rs)
         cols = {}
         for k in keys:

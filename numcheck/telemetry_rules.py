@@ -6,8 +6,8 @@ A telemetry record is one (model, recipe, module, op, role) of a ``watch`` run; 
 (SQNR: the minimum over steps) and the ceilings of those where lower is better (underflow,
 saturation, non-finite elements: the maximum). Rules:
 
-* absolute: a statistic that is NaN fails (never passes, never baked into a golden: a refresh
-  refuses it, ``unbakeable``);
+* absolute: a statistic that is NaN, or infinitely bad (a floor of -inf, a ceiling of +inf),
+  fails (never passes, never baked into a golden: a refresh refuses it, ``unbakeable``);
 * golden: a floor below the golden's by more than its slack, a ceiling above it by more than
   its slack, more non-finite elements than the golden's, or a statistic the golden has and the
   run no longer measures, is a regression; the other direction beyond the slack an
@@ -90,8 +90,8 @@ STATS: tuple[Stat, ...] = (
 )
 BY_KEY = {s.key: s for s in STATS}
 # Not gated, carried for the slack of the percentages and for readers: the steps the floors
-# cover and the fewest elements the tensor had in a step.
-INFO = ("steps", "n")
+# cover, the fewest elements and the fewest finite non-zero elements the tensor had in a step.
+INFO = ("steps", "n", "nz")
 
 
 def metrics_of(row: dict) -> dict:
@@ -103,10 +103,20 @@ def _nan(x) -> bool:
     return isinstance(x, float) and math.isnan(x)
 
 
+def _unbounded(s: Stat, x) -> bool:
+    """An infinitely bad value: a floor of -inf (an SQNR with infinite error, or error out of
+    no signal: a quantizer or layer that made Inf or non-zero values out of finite or zero
+    ones), a ceiling of +inf. Like NaN, never noise (a floor of +inf, no error, is fine)."""
+    return isinstance(x, (int, float)) and x == (-math.inf if s.kind == "floor" else math.inf)
+
+
 def slack(stat: Stat, metrics: dict) -> float:
     """The allowed move of ``stat`` (given the golden's metrics: the element count)."""
     if stat.unit == "%":
-        n = metrics.get("n") or 0
+        # the percentage's own denominator: underflow counts among the finite non-zero
+        # elements (nz; goldens written before it was stored: n), saturation among all
+        n = (metrics.get("nz") if stat.column == "underflow_pct" else None) or \
+            metrics.get("n") or 0
         return max(stat.slack, 100.0 * PCT_SLACK_ELEMENTS / n) if n else stat.slack
     return stat.slack
 
@@ -132,9 +142,12 @@ def where(row) -> str:
 
 
 def absolute(record: Record) -> list[str]:
-    """A NaN statistic fails: it never passes (and a refresh never stores it)."""
+    """A NaN or infinitely bad statistic fails: it never passes (and a refresh never stores
+    it)."""
     m = record.metrics or {}
-    return [f"{where(record)}: {s.label} ({s.column}) is NaN" for s in STATS if _nan(m.get(s.key))]
+    return [f"{where(record)}: {s.label} ({s.column}) is "
+            f"{'NaN' if _nan(m.get(s.key)) else _show(m.get(s.key), '')}"
+            for s in STATS if _nan(m.get(s.key)) or _unbounded(s, m.get(s.key))]
 
 
 def compare(old: dict, new: dict) -> tuple[list[str], list[str]]:
@@ -170,6 +183,9 @@ def unbakeable(row: dict, old: dict | None) -> str:
     nan = [s.key for s in STATS if _nan(m.get(s.key))]
     if nan:
         return f"{', '.join(nan)} NaN"
+    inf = [f"{s.key} {m[s.key]}" for s in STATS if _unbounded(s, m.get(s.key))]
+    if inf:
+        return ", ".join(inf)
     nf = m.get("nonfinite_ceiling") or 0
     had = (metrics_of(old).get("nonfinite_ceiling") or 0) if old else 0
     if nf > had:
@@ -179,12 +195,17 @@ def unbakeable(row: dict, old: dict | None) -> str:
 
 def merge_metrics(old: dict, new: dict) -> str | None:
     """The envelope of two platforms' metrics (a refresh on another platform): the lower floor,
-    the higher ceiling; the rest from ``new``. JSON, as golden rows store it."""
+    the higher ceiling, a statistic only one of them measured as that one has it (as
+    golden.merge_envelope's ``_worse``: never dropped, which would ungate it on both); the rest
+    from ``new``. JSON, as golden rows store it."""
     o, n = metrics_of(old), metrics_of(new)
     out = dict(n)
     for s in STATS:
         a, b = o.get(s.key), n.get(s.key)
-        if a is None or b is None or _nan(a) or _nan(b):
+        if a is None or _nan(a):
+            continue
+        if b is None or _nan(b):
+            out[s.key] = a
             continue
         out[s.key] = min(a, b) if s.kind == "floor" else max(a, b)
     return json.dumps(dict(sorted(out.items())), sort_keys=True, allow_nan=True) if out else None

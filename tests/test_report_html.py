@@ -543,3 +543,17 @@ def test_telemetry_page_of_a_long_run_shows_evenly_spaced_steps():
     cells = heatmaps(tree)["amax", ""]["fc", "linear", "output"]
     assert len(cells) == MAX_STEPS and {0, n - 1} <= set(cells)
     assert f"show {MAX_STEPS} of the {n} steps" in sections(tree)["summary"].text()
+
+
+def test_telemetry_heatmaps_leave_out_records_without_statistics():
+    """A record of the telemetry suite that carries no statistic (a test that errored before
+    its floors, a user's own record with a short case id) gets no heatmap of its own (an
+    empty table under a made-up model and recipe); it stays in the folded table."""
+    err = Record(suite="telemetry", op="test", kernel="", case_id="test_telemetry[tiny_lm]",
+                 output="", status=Status.ERROR, reason="RuntimeError: <boom>")
+    short = Record(suite="telemetry", family="telemetry", op="telemetry", kernel="linear",
+                   case_id="mine", output="telemetry", status=Status.PASSED, metrics={"x": "y"})
+    tm = sections(Tree(html_report([*telemetry_records(), err, short], PROV)))["telemetry"]
+    assert [h.text() for h in tm.find("h3")] == ["tiny: mxfp8"]
+    assert len(tm.find("table", class_="heatmap")) == 1
+    assert "All 4 telemetry records" in tm.find("details")[0].find("summary")[0].text()

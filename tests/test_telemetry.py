@@ -13,6 +13,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from numcheck import telemetry
+from numcheck.errors import UsageError
 from numcheck.convergence.models import build
 from numcheck.quant import RECIPES
 from numcheck.quant.fp8 import fp8_dequantize, fp8_quantize
@@ -561,3 +562,10 @@ def test_sdpa_forward_and_backward_rows_under_the_calling_module():
     gin = rows[rows.role == "grad_input"].iloc[0]
     assert gin.calls == 3 and gin["pass"] == "backward"   # q, k and v
     assert (rows.nonfinite == 0).all() and t.first_nonfinite() is None
+
+
+@pytest.mark.parametrize("kw", [dict(recipe="mxfp8", what_if=("mxfp8",)),
+                                dict(what_if=("nvfp4", "nvfp4"))])
+def test_a_recipe_named_twice_is_refused(kw):
+    with pytest.raises(UsageError, match="given twice"):
+        telemetry.watch(nn.Linear(4, 4), **kw)

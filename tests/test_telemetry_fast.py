@@ -343,3 +343,31 @@ def test_the_watch_mode_sees_the_models_ops_not_telemetrys(monkeypatch):
         model(tokens)
     # exactly the forward's own ops, none of the statistics', quantizers' or shadows'
     assert sorted(map(repr, seen)) == sorted(map(repr, plain.funcs))
+
+
+def _load_fresh(name: str):
+    """A fresh copy of numcheck.telemetry.<name> (the installed one stays as it is)."""
+    import importlib.util
+    spec = importlib.util.spec_from_file_location(
+        f"numcheck.telemetry.{name}_fresh", importlib.import_module(
+            f"numcheck.telemetry.{name}").__file__)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_compiled_passes_import_where_numba_cannot_cache(monkeypatch):
+    """numcheck installed read-only (site-packages) with no writable user cache directory:
+    numba finds no cache location and ``njit(cache=True)`` raises at decoration; the compiled
+    passes must still import (and compile, uncached), not fail the watched run's hooks."""
+    import numba.core.caching as caching
+
+    def denied(self):
+        raise PermissionError(13, "Permission denied", self.get_cache_path())
+    monkeypatch.setattr(caching._CacheLocator, "ensure_cache_path", denied)
+    sc = _load_fresh("_stats_cpu")
+    x = torch.tensor([1.0, -0.0, math.inf, 3.0])
+    assert sc.raw(x)[:7] == _torch_plain(x)[:7]
+    qc = _load_fresh("_quant_cpu")
+    from numcheck.quant.intq import IntFormat
+    assert qc.quant_fields(torch.ones(2, 4), IntFormat(8))["q_n"] == 8.0

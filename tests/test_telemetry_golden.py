@@ -222,3 +222,54 @@ def test_refresh_refuses_nan_and_new_nonfinite_and_merges_an_envelope(tmp_path):
     stored = golden.read(golden.path_for(tmp_path, "cpu", "s")).rows
     assert json.loads(next(iter(stored.values()))["metrics"])["sqnr_db_floor"] == 30.0
     assert "sqnr_db_floor=30" in golden.summary_text(stored.values())
+
+
+def test_an_envelope_keeps_a_statistic_the_other_platform_does_not_measure():
+    """merge_metrics is the worse of both, as golden.merge_envelope's statistics: a floor one
+    platform measured and the other did not stays in the envelope (dropping it would leave the
+    statistic ungated on both platforms)."""
+    new = _row(platforms="cpu, AVX2, torch 2.13.0+cpu")
+    m = json.loads(new["metrics"])
+    del m["worst_block_sqnr_db_floor"]
+    new["metrics"] = json.dumps(m)
+    merged = json.loads(merge_metrics(_row(), new))
+    assert merged["worst_block_sqnr_db_floor"] == 22.0
+    env = {**_row(), "metrics": json.dumps(merged)}
+    assert compare_row(env, _row(worst_block_sqnr_db_floor=12.0)).kind == "regressed"
+
+
+def test_an_infinitely_bad_statistic_fails_and_is_never_written():
+    """A quantizer that makes an Inf out of finite values (the planted ``nan`` fault's twin):
+    its SQNR floors are -inf. Like a NaN, that fails and a refresh refuses it; a floor of +inf
+    (no error at all) is fine."""
+    from numcheck.variants import FaultyMX, PlantedRecipe, _PlantedQuantizer
+    from numcheck.quant.recipe import get_recipe
+
+    class InfMX(FaultyMX):
+        def decode(self, q):
+            x = super(FaultyMX, self).decode(q).clone()
+            x.view(-1)[0] = math.inf
+            return x
+    r = get_recipe("mxfp8")
+    recipe = PlantedRecipe("mxfp8", *(_PlantedQuantizer(InfMX(q.fmt, q.block, q.scale_mode,
+                                                              "inf")) for q in (r.x, r.w, r.grad)))
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.GELU(), torch.nn.Linear(64, 8))
+    with telemetry.watch(model, recipe=recipe) as t:
+        for _ in range(2):
+            model(torch.randn(32, 64)).sum().backward()
+            t.step()
+    rec = next(x for x in as_records(t, model="mlp2") if x.case_id == "mlp2/mxfp8/0/input")
+    assert rec.metric("sqnr_db_floor") == -math.inf
+    assert judge(rec).status == Status.FAILED and "SQNR floor (sqnr_db) is -inf" in rec.reason
+    assert "sqnr_db_floor -inf" in unbakeable(golden.to_row(rec), None)
+    assert unbakeable(_row(sqnr_db_floor=math.inf), None) == ""
+
+
+def test_underflow_slack_counts_in_the_finite_nonzero_elements():
+    from numcheck.telemetry_rules import BY_KEY, PCT_SLACK, slack
+    under, sat = BY_KEY["underflow_pct_ceiling"], BY_KEY["saturation_pct_ceiling"]
+    sparse = {"n": 100_000.0, "nz": 100.0}   # 99.9% zeros: one element is 1% of the rest
+    assert slack(under, sparse) == pytest.approx(8.0)   # 8 elements of 100
+    assert slack(sat, sparse) == PCT_SLACK               # 8 of 100000 is below the floor
+    assert slack(under, {"n": 100_000.0}) == PCT_SLACK   # an older golden row: n

@@ -279,3 +279,12 @@ def test_soak_many_seeds(seed, one_thread):
                 t = _values(dist, shape, dtype, seed=1_000_003 * (seed + 1) + i)
                 i += 1
                 _check(t, fmt, f"{name} {dtype} {dist} {shape} seed {seed} #{i - 1}")
+
+
+def test_a_negative_bit_view_is_left_to_the_reference():
+    """A tensor with the negative bit set (torch._neg_view) has no numpy view: None (the
+    caller runs quant_stats), never an exception out of quant_fields."""
+    x = torch._neg_view(torch.randn(4, 32, generator=torch.Generator().manual_seed(4)))
+    assert x.is_neg()
+    assert qc.quant_fields(x, MXFormat("e4m3")) is None
+    assert fields.quant_stats(x, _Q(MXFormat("e4m3")))["q_n"].item() == 128

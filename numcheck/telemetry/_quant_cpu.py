@@ -65,9 +65,11 @@ except ImportError as _exc:  # numba is a core dependency; a broken install stil
     def _jit(f):
         return f
 else:
+    from .._numba import njit
+
     _MISSING = ""
     # error_model="numpy": a division by zero gives inf/NaN as in torch, never an exception
-    _jit = numba.njit(nogil=True, cache=True, error_model="numpy")
+    _jit = njit(error_model="numpy")
 
 # Constants the loops read (numba freezes module globals into the compiled code).
 _FP32_MAX = formats.get("fp32").max  # scales clamp here (DESIGN rule 10)
@@ -513,7 +515,8 @@ def quant_fields(t: torch.Tensor, fmt) -> dict[str, float] | None:
     x = t.detach()
     if x.numel() == 0 or x.dim() == 0:
         return {}
-    if x.device.type != "cpu" or x.dtype not in _KIND or type(x) is not torch.Tensor:
+    if x.device.type != "cpu" or x.dtype not in _KIND or type(x) is not torch.Tensor or \
+            x.is_neg():  # a negative-bit view: numpy cannot take its memory
         return None
     try:
         plan = _PLANS[fmt]

@@ -31,9 +31,10 @@ route runs (with one warning), as numcheck._stats_cpu does for error_stats.
 """
 from __future__ import annotations
 
-import numba
 import numpy as np
 import torch
+
+from .._numba import njit
 
 # dtype -> (the integer view the count loop reads, +inf's bits, the magnitude mask)
 _BITS = {
@@ -88,7 +89,7 @@ def sqnr(out: torch.Tensor, ref64: torch.Tensor) -> tuple[float, float] | None:
     return _sqnr_pass(o, r)
 
 
-@numba.njit(nogil=True, cache=True, error_model="numpy")
+@njit(error_model="numpy")
 def _counts(b, inf, mask):
     """(n_nan, n_inf, n_zero, largest finite magnitude's bits, smallest finite non-zero
     magnitude's bits; ``inf`` when there is none). Integer reductions only: LLVM vectorizes
@@ -106,7 +107,7 @@ def _counts(b, inf, mask):
     return nn, ni, nz, mx, mn
 
 
-@numba.njit(nogil=True, cache=True, error_model="numpy")
+@njit(error_model="numpy")
 def _counts32(b):
     """_counts of float32 bits in int32 lanes throughout (twice the lanes of _counts' int64:
     measured 14 vs 23 us per 65536 elements); int32 counts: fewer than 2^31 elements."""
@@ -129,7 +130,7 @@ def _counts32(b):
     return nn, ni, nz, mx, mn
 
 
-@numba.njit(nogil=True, cache=True, error_model="numpy")
+@njit(error_model="numpy")
 def _counts16(b, inf):
     """_counts of bf16 / fp16 bits (int16) in int32 lanes (measured 2x _counts' int64 ones);
     int32 counts: fewer than 2^31 elements."""
@@ -152,7 +153,7 @@ def _counts16(b, inf):
     return nn, ni, nz, mx, mn
 
 
-@numba.njit(nogil=True, cache=True, error_model="numpy")
+@njit(error_model="numpy")
 def _sumsq(v, finite):
     """sum x^2 in float64 over the finite elements of a float32/float64 vector, four partial
     sums (element i into sum i mod 4) added as (s0 + s1) + (s2 + s3). ``finite``: no NaN or
@@ -192,7 +193,7 @@ def _sumsq(v, finite):
     return (s0 + s1) + (s2 + s3)
 
 
-@numba.njit(nogil=True, cache=True, error_model="numpy")
+@njit(error_model="numpy")
 def _float_pass(v, b, inf, mask, sums):
     """float32 / float64: (n_nan, n_inf, n_zero, amax, min_nonzero, sum_sq or NaN)."""
     if mask == 0x7FFFFFFF and b.shape[0] < 2**31:
@@ -209,13 +210,13 @@ def _float_pass(v, b, inf, mask, sums):
             _sumsq(v, nn + ni == 0) if sums else np.nan)
 
 
-@numba.njit(nogil=True, cache=True, inline="always")
+@njit(inline="always")
 def _bf16_value(m):
     """The float64 value of a bf16 magnitude (bits without the sign): float32's top half."""
     return np.float64(np.int32(m << 16).view(np.float32))
 
 
-@numba.njit(nogil=True, cache=True, inline="always")
+@njit(inline="always")
 def _fp16_value(m):
     """The float64 value of a finite fp16 magnitude: binade e, fraction f; 2^(e-15) (1 + f/2^10),
     subnormals (e = 0) f 2^-24 (exact in float64)."""
@@ -228,7 +229,7 @@ def _fp16_value(m):
 _S16 = 256  # elements per decoded stretch of _sum16 (a multiple of 4: lanes stay i mod 4)
 
 
-@numba.njit(nogil=True, cache=True, error_model="numpy")
+@njit(error_model="numpy")
 def _sum16(b, bf16, inf):
     """sum x^2 in float64 over the finite elements of bf16 (``bf16``) or fp16 bits: each
     stretch of _S16 elements is decoded into a float64 scratch (non-finite as 0; a loop LLVM
@@ -266,7 +267,7 @@ def _sum16(b, bf16, inf):
     return (s0 + s1) + (s2 + s3)
 
 
-@numba.njit(nogil=True, cache=True, error_model="numpy")
+@njit(error_model="numpy")
 def _bf16_pass(b, sums):
     if b.shape[0] < 2**31:
         nn, ni, nz, mx, mn = _counts16(b, 0x7F80)
@@ -277,7 +278,7 @@ def _bf16_pass(b, sums):
             _sum16(b, True, 0x7F80) if sums else np.nan)
 
 
-@numba.njit(nogil=True, cache=True, error_model="numpy")
+@njit(error_model="numpy")
 def _fp16_pass(b, sums):
     if b.shape[0] < 2**31:
         nn, ni, nz, mx, mn = _counts16(b, 0x7C00)
@@ -288,7 +289,7 @@ def _fp16_pass(b, sums):
             _sum16(b, False, 0x7C00) if sums else np.nan)
 
 
-@numba.njit(nogil=True, cache=True, error_model="numpy")
+@njit(error_model="numpy")
 def _sqnr_pass(o, r):
     """(sum r^2, sum (o - r)^2) over the elements whose reference r is finite; o non-finite
     there makes the error Inf or NaN, as in fields.sqnr_pair. Four partial sums (element i

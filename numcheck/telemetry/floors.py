@@ -78,6 +78,8 @@ def floors(frame_or_t):
         row = dict(zip(_GROUP, key))
         row["steps"] = int(g["step"].nunique())
         row["n"] = float(g["n"].min())
+        # the fewest finite non-zero elements: the underflow percentage's denominator
+        row["nz"] = float((g["n"] - g["n_zero"] - g["n_nan"] - g["n_inf"]).min())
         row["step_n"] = tuple(zip(g["step"].astype(int), g["n"].astype(float)))
         gated = False
         for s in STATS:
@@ -122,7 +124,7 @@ def as_records(frame_or_t, *, model: str, suite: str = "telemetry", device: str 
         recipe = row["recipe"] or "fp32"
         what_if = bool(row["what_if"])
         metrics = {k: row[k] for k in row["_defined"]}
-        metrics.update(steps=row["steps"], n=row["n"])
+        metrics.update(steps=row["steps"], n=row["n"], nz=row["nz"])
         recs.append(Record(
             suite=suite, op="telemetry", kernel=str(row["op"]),
             case_id=f"{model}/{recipe}/{row['module']}/{row['role']}", output=OUTPUT,

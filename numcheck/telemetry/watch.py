@@ -260,6 +260,11 @@ class Telemetry:
         self.recipes = ([(getattr(main, "name", "recipe"), main, False)] if main else []) + \
             [(getattr(r, "name", str(n)), r, True) for n, r in
              ((n, _resolve(n)) for n in what_if) if r is not None]
+        names = [n for n, _, _ in self.recipes]
+        twice = sorted({n for n in names if names.count(n) > 1})
+        if twice:   # their rows would share a key (records, goldens)
+            raise UsageError(f"watch: recipe {', '.join(twice)} given twice (recipe= and "
+                             "what_if=, or twice in what_if): name each recipe once")
         if rank is None:
             dist = torch.distributed
             rank = dist.get_rank() if dist.is_available() and dist.is_initialized() else 0

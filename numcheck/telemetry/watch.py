@@ -198,6 +198,24 @@ def _own_rng(*objs) -> contextlib.ExitStack:
     return stack
 
 
+def _rng_states(*objs) -> tuple:
+    """The CPU generator's state and those of the accelerator devices the tensors of ``objs``
+    live on (as _own_rng finds them): what a module's forward is about to draw from."""
+    devs = set()
+    for o in objs:
+        ts = [*o.parameters(), *o.buffers()] if isinstance(o, nn.Module) else _tensors(o)
+        devs |= {(t.device.type, t.device.index or 0) for t in ts
+                 if t.device.type not in ("cpu", "meta")}
+    return torch.get_rng_state(), {(k, i): getattr(torch, k).get_rng_state(i) for k, i in devs}
+
+
+def _set_rng_states(states: tuple) -> None:
+    cpu, devs = states
+    torch.set_rng_state(cpu)
+    for (k, i), st in devs.items():
+        getattr(torch, k).set_rng_state(st, i)
+
+
 class KeepFP64(TorchFunctionMode):
     """Inside the float64 shadows: casts of a float64 tensor down to another float dtype
     (.float(), .half(), .bfloat16(), .to(float dtype)) keep it float64, so a model that casts
@@ -291,6 +309,7 @@ class Telemetry:
         # float64 shadows, copied before any hook of ours exists (deepcopy copies hooks)
         self._layer64 = {m: copy.deepcopy(m).to(torch.float64) for m, op in self._ops.items()
                          if shadow and op in ("norm", "attention")}
+        self._rng_at: dict = {}   # module -> generator states before its live forward
         self._model64 = copy.deepcopy(model).to(torch.float64) if shadow else None
         if self._model64 is not None:
             for n, m in self._model64.named_modules():
@@ -391,6 +410,13 @@ class Telemetry:
                     if ins:
                         with torch.no_grad():
                             pre = self._observe(ins)
+                finally:
+                    _remode(mode)
+            if self.shadow and self.recording and mod.training and mod in self._layer64:
+                # the layer's shadow draws what this forward draws (dropout: the same mask)
+                mode = self._unmode()
+                try:
+                    self._rng_at[mod] = _rng_states(mod, args, kwargs)
                 finally:
                     _remode(mode)
             self._stack.append((name, pre))
@@ -750,7 +776,10 @@ class Telemetry:
                 for p64, p in zip(m64.parameters(), mod.parameters(), strict=True):
                     p64.copy_(p.detach())
                 _same_modes(mod, m64)
+                states = self._rng_at.pop(mod, None)
                 with _own_rng(mod, args, kwargs):
+                    if states is not None:
+                        _set_rng_states(states)
                     out = _tensors(m64(*_to64(args), **_to64(kwargs)))
                 return out[0] if out else None
         finally:

@@ -26,12 +26,7 @@ STAT_COLUMNS = ("amax", "min_nonzero", "dynamic_range_binades", "underflow_pct",
                 "shadow_sqnr_db", "e2e_sqnr_db", "nonfinite")
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
 
 
 def _train(model, task, lr, steps, t=None):

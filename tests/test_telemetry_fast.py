@@ -29,12 +29,7 @@ SIZES = (1, 2, 3, 4, 5, 7, 8, 9, 31, 1000, 4097)
 SUM_FIELDS = ("sum_sq", "sh_sig_sq", "sh_err_sq", "e2e_sig_sq", "e2e_err_sq")
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
 
 
 @pytest.fixture

@@ -471,13 +471,13 @@ def _telemetry(records: list[Record], mode: str) -> Section | None:
     """Telemetry goldens' records (numcheck.telemetry.floors): per (model, recipe), a heatmap
     of layer (module, op, role) x gated statistic, coloured per column from worst to best,
     failing records outlined; then every record in a table, folded."""
-    from .telemetry_rules import BY_KEY
+    from .telemetry_rules import BY_KEY, case_parts
     rows = [r for r in records if "telemetry" in (r.family, r.suite)]
     if not rows:
         return None
     groups: dict[tuple[str, str], list[Record]] = {}
     for r in rows:
-        model, recipe = (r.case_id.split("/") + ["", ""])[:2]
+        model, recipe, _ = case_parts(r.case_id)
         groups.setdefault((model, recipe), []).append(r)
     body = []
     for (model, recipe), rs in groups.items():
@@ -493,7 +493,7 @@ def _telemetry(records: list[Record], mode: str) -> Section | None:
         trs = []
         for r in rs:
             bad = failing(r, mode)
-            layer = "/".join(r.case_id.split("/")[2:])
+            layer = case_parts(r.case_id)[2]
             tds = []
             for k in keys:
                 v, (lo, hi) = r.metric(k), cols[k]

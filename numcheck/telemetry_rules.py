@@ -129,6 +129,13 @@ def _show(v, unit: str) -> str:
     return f"{v:.4g}" + (f" {unit}" if unit and unit != "%" else unit)
 
 
+def case_parts(case_id: str) -> tuple[str, str, str]:
+    """(model, recipe, layer) of a telemetry case id ``<model>/<recipe>/<module>/<role>``
+    (numcheck.telemetry.floors; layer = ``<module>/<role>``); missing parts are ""."""
+    model, recipe, layer = (str(case_id).split("/", 2) + ["", ""])[:3]
+    return model, recipe, layer
+
+
 def where(row) -> str:
     """A record's or row's module, role and recipe as a message reads them:
     ``blocks.0.qkv input [mxfp8, what-if]``."""
@@ -228,9 +235,7 @@ class TelemetryRules:
             return ""
         groups: dict[tuple, list[Record]] = {}
         for r in recs:
-            parts = r.case_id.split("/")
-            groups.setdefault((r.suite, parts[0], parts[1] if len(parts) > 1 else ""),
-                              []).append(r)
+            groups.setdefault((r.suite, *case_parts(r.case_id)[:2]), []).append(r)
         head = ("suite", "model", "recipe", "records", "failing", "SQNR floor",
                 "worst-block floor", "underflow max", "saturation max", "shadow floor")
         lines = ["### Telemetry floors (numcheck.telemetry)", "",
@@ -248,7 +253,7 @@ class TelemetryRules:
                     cells.append("-")
                     continue
                 v, r = (min if s.kind == "floor" else max)(vals, key=lambda p: p[0])
-                at = "" if v == 0 and s.kind == "ceiling" else f" ({r.case_id.split('/', 2)[-1]})"
+                at = "" if v == 0 and s.kind == "ceiling" else f" ({case_parts(r.case_id)[2]})"
                 cells.append(_show(v, s.unit) + at)
             lines.append("| " + " | ".join(cells) + " |")
         return "\n".join(lines + [""])

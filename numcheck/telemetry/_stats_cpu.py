@@ -71,7 +71,7 @@ def raw(t: torch.Tensor, sums: bool = True) -> list[float]:
                         mask, sums)
     else:
         b = x.view(ibits).numpy().reshape(-1)
-        r = (_bf16_pass if x.dtype is torch.bfloat16 else _fp16_pass)(b, sums)
+        r = _half_pass(b, x.dtype is torch.bfloat16, sums)
     return [1.0, float(n), *r]
 
 
@@ -243,8 +243,7 @@ def _sum16(b, bf16, inf):
         if bf16:
             for t in range(k):
                 m = np.int32(b[i0 + t]) & 0x7FFF
-                a = np.float64(np.int32(m << 16).view(np.float32))
-                buf[t] = a if m < inf else 0.0
+                buf[t] = _bf16_value(m) if m < inf else 0.0
         else:
             for t in range(k):
                 m = np.int32(b[i0 + t]) & 0x7FFF
@@ -268,25 +267,17 @@ def _sum16(b, bf16, inf):
 
 
 @njit(error_model="numpy")
-def _bf16_pass(b, sums):
+def _half_pass(b, bf16, sums):
+    """bf16 (``bf16``) or fp16 bits: (n_nan, n_inf, n_zero, amax, min_nonzero, sum_sq or NaN)."""
+    inf = 0x7F80 if bf16 else 0x7C00
     if b.shape[0] < 2**31:
-        nn, ni, nz, mx, mn = _counts16(b, 0x7F80)
+        nn, ni, nz, mx, mn = _counts16(b, inf)
     else:
-        nn, ni, nz, mx, mn = _counts(b, 0x7F80, 0x7FFF)
-    return (np.float64(nn), np.float64(ni), np.float64(nz), _bf16_value(mx),
-            np.inf if mn == 0x7F80 else _bf16_value(mn),
-            _sum16(b, True, 0x7F80) if sums else np.nan)
-
-
-@njit(error_model="numpy")
-def _fp16_pass(b, sums):
-    if b.shape[0] < 2**31:
-        nn, ni, nz, mx, mn = _counts16(b, 0x7C00)
-    else:
-        nn, ni, nz, mx, mn = _counts(b, 0x7C00, 0x7FFF)
-    return (np.float64(nn), np.float64(ni), np.float64(nz), _fp16_value(mx),
-            np.inf if mn == 0x7C00 else _fp16_value(mn),
-            _sum16(b, False, 0x7C00) if sums else np.nan)
+        nn, ni, nz, mx, mn = _counts(b, inf, 0x7FFF)
+    amax = _bf16_value(mx) if bf16 else _fp16_value(mx)
+    mnz = np.inf if mn == inf else _bf16_value(mn) if bf16 else _fp16_value(mn)
+    return (np.float64(nn), np.float64(ni), np.float64(nz), amax, mnz,
+            _sum16(b, bf16, inf) if sums else np.nan)
 
 
 @njit(error_model="numpy")

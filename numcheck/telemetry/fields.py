@@ -107,12 +107,14 @@ assert PLAIN == ("calls", "n", "n_nan", "n_inf", "n_zero", "amax", "min_nonzero"
 PLAIN_IDENTITY = IDENTITY[:8]
 
 
-def _fmax(a: float, b: float) -> float:
-    return a if (a > b or a != a) else b   # NaN in either -> NaN (torch.maximum)
-
-
-def _fmin(a: float, b: float) -> float:
-    return a if (a < b or a != a) else b   # NaN in either -> NaN (torch.minimum)
+def _merge(rule: int, a: float, b: float) -> float:
+    """One field's rule (_RULES: 0 sum, 1 max, 2 min); max and min: NaN in either -> NaN (as
+    torch.maximum / torch.minimum)."""
+    if rule == 0:
+        return a + b
+    if a != a:
+        return a
+    return (a if a > b else b) if rule == 1 else (a if a < b else b)
 
 
 def host_identity() -> list[float]:
@@ -123,9 +125,7 @@ def host_update(acc: list[float], values: dict) -> None:
     """Combine ``values`` (field -> Python float or 0-d CPU tensor) into ``acc`` in place."""
     for k, x in values.items():
         i = INDEX[k]
-        x = float(x)
-        r = _RULES[i]
-        acc[i] = acc[i] + x if r == 0 else _fmax(acc[i], x) if r == 1 else _fmin(acc[i], x)
+        acc[i] = _merge(_RULES[i], acc[i], float(x))
 
 
 def host_plain(acc: list[float], p: list[float]) -> None:
@@ -144,8 +144,7 @@ def host_plain(acc: list[float], p: list[float]) -> None:
 
 def host_combine(a: list[float], b: list[float]) -> list[float]:
     """Two host vectors (or a host vector and a device row read back) combined, field by field."""
-    return [x + y if r == 0 else _fmax(x, y) if r == 1 else _fmin(x, y)
-            for x, y, r in zip(a, b, _RULES, strict=True)]
+    return [_merge(r, x, y) for x, y, r in zip(a, b, _RULES, strict=True)]
 
 
 def _full(v: float, like: torch.Tensor) -> torch.Tensor:

@@ -180,33 +180,38 @@ def _same_modes(live: nn.Module, copy64: nn.Module) -> None:
         b.training = a.training
 
 
-def _own_rng(*objs) -> contextlib.ExitStack:
-    """A context in which the shadows draw random numbers (dropout) from a fork of the CPU
-    generator and of the generators of every accelerator device the tensors of ``objs``
-    (modules, argument structures) live on: the live run's draws stay what they were."""
-    devs: dict[str, set[int]] = {}
-    for o in objs:
-        ts = [*o.parameters(), *o.buffers()] if isinstance(o, nn.Module) else _tensors(o)
-        for t in ts:
-            if t.device.type not in ("cpu", "meta"):
-                devs.setdefault(t.device.type, set()).add(t.device.index or 0)
-    stack = contextlib.ExitStack()
-    if not devs:
-        stack.enter_context(torch.random.fork_rng(devices=[]))
-    for kind, idx in devs.items():
-        stack.enter_context(torch.random.fork_rng(devices=sorted(idx), device_type=kind))
-    return stack
-
-
-def _rng_states(*objs) -> tuple:
-    """The CPU generator's state and those of the accelerator devices the tensors of ``objs``
-    live on (as _own_rng finds them): what a module's forward is about to draw from."""
+def _devices(*objs) -> set[tuple[str, int]]:
+    """(device type, index) of the accelerator devices the tensors of ``objs`` (modules,
+    argument structures) live on: whose generators a forward on them draws from, with the
+    CPU's."""
     devs = set()
     for o in objs:
         ts = [*o.parameters(), *o.buffers()] if isinstance(o, nn.Module) else _tensors(o)
         devs |= {(t.device.type, t.device.index or 0) for t in ts
                  if t.device.type not in ("cpu", "meta")}
-    return torch.get_rng_state(), {(k, i): getattr(torch, k).get_rng_state(i) for k, i in devs}
+    return devs
+
+
+def _own_rng(*objs) -> contextlib.ExitStack:
+    """A context in which the shadows draw random numbers (dropout) from a fork of the CPU
+    generator and of the generators of the devices of ``objs`` (_devices): the live run's
+    draws stay what they were."""
+    kinds: dict[str, set[int]] = {}
+    for kind, idx in _devices(*objs):
+        kinds.setdefault(kind, set()).add(idx)
+    stack = contextlib.ExitStack()
+    if not kinds:
+        stack.enter_context(torch.random.fork_rng(devices=[]))
+    for kind, idx in kinds.items():
+        stack.enter_context(torch.random.fork_rng(devices=sorted(idx), device_type=kind))
+    return stack
+
+
+def _rng_states(*objs) -> tuple:
+    """The CPU generator's state and those of the devices of ``objs`` (_devices): what a
+    module's forward is about to draw from."""
+    return torch.get_rng_state(), {(k, i): getattr(torch, k).get_rng_state(i)
+                                   for k, i in _devices(*objs)}
 
 
 def _set_rng_states(states: tuple) -> None:
@@ -401,24 +406,20 @@ class Telemetry:
             if not self.enabled or self.busy:
                 return
             pre = None
-            if self._checking():
-                mode = self._unmode()
-                try:
+            mode = self._unmode()
+            try:
+                if self._checking():
                     # read before the forward runs: an in-place module changes its input
                     ins = _tensors(args) + _tensors(kwargs) + \
                         [p for p in mod.parameters(recurse=False) if p.is_floating_point()]
                     if ins:
                         with torch.no_grad():
                             pre = self._observe(ins)
-                finally:
-                    _remode(mode)
-            if self.shadow and self.recording and mod.training and mod in self._layer64:
-                # the layer's shadow draws what this forward draws (dropout: the same mask)
-                mode = self._unmode()
-                try:
+                if self.shadow and self.recording and mod.training and mod in self._layer64:
+                    # the layer's shadow draws what this forward draws (dropout: same mask)
                     self._rng_at[mod] = _rng_states(mod, args, kwargs)
-                finally:
-                    _remode(mode)
+            finally:
+                _remode(mode)
             self._stack.append((name, pre))
             if root:
                 if self._model64 is not None and self.recording:

@@ -2,12 +2,13 @@
 
 Targets (issue 14): <= 1.02x attached but disabled, <= 1.3x with everything on. Prints, per
 model, the median step time (forward, backward, AdamW step, `t.step()`) of a plain run and,
-each from a plain and a watched run stepped alternately, the ratios of: attached but disabled, statistics only, a recipe's quantization statistics
-(mxfp8), plus two what-if recipes, everything (recipe, what-if, float64 shadows), and
-everything on every 10th step (``every=10``: a ratio of means, since the median step is an
-unrecorded one). Over --steps steps (a multiple of 10) after 3 warm-up steps, all in one
-process on one thread (numcheck's pinned state for training runs), so the ratios come from
-one run on one machine.
+each from a plain and a watched run stepped alternately, the ratios of: attached but
+disabled, statistics only, a recipe's quantization statistics (mxfp8), plus two what-if
+recipes, everything (recipe, what-if, float64 shadows), everything on every 10th step
+(``every=10``: a ratio of means, since the median step is an unrecorded one), and that run's
+unrecorded steps alone (median: the cost of the producer check, which runs every step). Over
+--steps steps (a multiple of 10) after 3 warm-up steps, all in one process on one thread
+(numcheck's pinned state for training runs), so the ratios come from one run on one machine.
 
     python bench/bench_telemetry_overhead.py [--models mlp tiny_lm tiny_dit] [--steps 20]
 """
@@ -62,21 +63,27 @@ class _Run:
         self.ctx.__exit__(None, None, None)
 
 
-def _ratio(name: str, steps: int, setting: dict) -> tuple[float, float]:
-    """(plain step seconds, watched / plain): a plain and a watched run of the same model
-    stepped alternately, so that a slower minute of a shared machine slows both. Median over
-    median; with ``every`` > 1 mean over mean (the recorded steps are the rare ones: --steps
-    a multiple of ``every`` gives each its share)."""
+def _ratio(name: str, steps: int, setting: dict) -> tuple[float, float, float | None]:
+    """(plain step seconds, watched / plain, unrecorded watched / plain): a plain and a watched
+    run of the same model stepped alternately, so that a slower minute of a shared machine
+    slows both. Median over median; with ``every`` > 1 mean over mean (the recorded steps are
+    the rare ones: --steps a multiple of ``every`` gives each its share), and the third figure
+    the median of the steps ``every`` does not record (the producer check alone) over the
+    plain median (None at every=1)."""
     plain, watched = _Run(name, None), _Run(name, setting)
-    a, b = [], []
+    every = setting.get("every", 1)
+    a, b, off = [], [], []
     for i in range(steps + 3):
         pa, wb = plain.step(), watched.step()
         if i >= 3:  # warm-up: the allocator, dispatch caches, numba's compiled loops
             a.append(pa)
             b.append(wb)
+            if i % every:
+                off.append(wb)
     watched.close()
-    avg = statistics.fmean if setting.get("every", 1) > 1 else statistics.median
-    return statistics.median(a), avg(b) / avg(a)
+    avg = statistics.fmean if every > 1 else statistics.median
+    unrec = statistics.median(off) / statistics.median(a) if off else None
+    return statistics.median(a), avg(b) / avg(a), unrec
 
 
 def main() -> None:
@@ -85,11 +92,14 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=20)
     args = ap.parse_args()
     torch.set_num_threads(1)
-    print(f"{'model':10} {'plain ms':>9} " + " ".join(f"{k:>11}" for k in SETTINGS))
+    print(f"{'model':10} {'plain ms':>9} " + " ".join(f"{k:>11}" for k in SETTINGS)
+          + f" {'unrecorded':>11}")
     for name in args.models:
         res = [_ratio(name, args.steps, s) for s in SETTINGS.values()]
-        plain_ms = statistics.median(p for p, _ in res) * 1e3
-        print(f"{name:10} {plain_ms:9.2f} " + " ".join(f"{r:10.2f}x" for _, r in res))
+        plain_ms = statistics.median(p for p, _, _ in res) * 1e3
+        unrec = next((u for _, _, u in res if u is not None), float("nan"))
+        print(f"{name:10} {plain_ms:9.2f} " + " ".join(f"{r:10.2f}x" for _, r, _ in res)
+              + f" {unrec:10.2f}x")
     print("targets: disabled <= 1.02x, everything <= 1.3x (issue 14)")
 
 

@@ -1,4 +1,5 @@
-"""``fields.quant_stats`` for CPU tensors in one compiled pass (numba): ``quant_fields``.
+"""``fields.quant_stats`` for CPU tensors in one compiled pass (numba): ``quant_fields``, and
+``quant_fields_many`` for the recipes that quantize one tensor (read and widened once).
 
 ``fields.quant_stats`` runs numcheck's float64 reference quantizer (encode, decode, saturation)
 and then ~40 more torch ops on the result; on the small tensors of a training step that is all
@@ -40,7 +41,7 @@ smallest and largest scale exactly and ``torch.log2`` of those two gives ``blk_l
 
 Anything else (another QuantFormat, a dtype other than fp32/bf16/fp16/fp64, a tensor not on
 the CPU) returns None: the caller runs ``fields.quant_stats``. Where numba is missing or fails to
-compile, ``quant_fields`` warns once and returns None from then on.
+compile, ``quant_fields`` (``quant_fields_many``) warns once and returns None from then on.
 """
 from __future__ import annotations
 
@@ -508,68 +509,100 @@ def quant_fields(t: torch.Tensor, fmt) -> dict[str, float] | None:
     a CPU tensor of fp32/bf16/fp16/fp64 (any shape; quantized along its last dim); {} where
     quant_stats gives {} (empty or 0-d t); None where this module does not handle fmt or t, or
     numba is unavailable (the caller then runs quant_stats)."""
+    return _fields(t, (fmt,))[0]
+
+
+def quant_fields_many(t: torch.Tensor, fmts) -> list[dict[str, float] | None]:
+    """``[quant_fields(t, fmt) for fmt in fmts]`` (a sequence of formats: the recipes that
+    quantize one tensor), the same values, with the tensor read and widened to float64 once per
+    padded shape instead of once per format: formats whose blocks pad t to the same shape (MX
+    1x32, NVFP4 1x16 and per-tensor FP8 on a last dim that is a multiple of 32, say) run their
+    loops on one copy. Never a copy padded further than a format's own blocks: the loops walk
+    the whole array they get, and extra zero blocks would change results (per-tensor FP8 would
+    read a second group; an all-NaN tensor's NVFP4 q_err_sq would be NaN, not 0)."""
+    return _fields(t, fmts)
+
+
+def _fields(t: torch.Tensor, fmts) -> list[dict[str, float] | None]:
+    """quant_fields_many (quant_fields: one format)."""
+    n = len(fmts)
     if _STATE["broken"] is not None:
-        return None
+        return [None] * n
     if numba is None:
-        return _off(f"numba is missing ({_MISSING})")
-    x = t.detach()
+        _off(f"numba is missing ({_MISSING})")
+        return [None] * n
+    # detach only where it changes something: a plain tensor that needs no grad is its own
+    # detached view (numpy() refuses a tensor that requires grad; a Parameter detaches to a
+    # plain tensor)
+    x = t if type(t) is torch.Tensor and not t.requires_grad else t.detach()
     if x.numel() == 0 or x.dim() == 0:
-        return {}
-    if x.device.type != "cpu" or x.dtype not in _KIND or type(x) is not torch.Tensor or \
+        return [{} for _ in range(n)]
+    kind = _KIND.get(x.dtype)
+    if kind is None or not x.is_cpu or type(x) is not torch.Tensor or \
             x.is_neg():  # a negative-bit view: numpy cannot take its memory
-        return None
-    try:
-        plan = _PLANS[fmt]
-    except KeyError:
-        plan = _PLANS[fmt] = _plan(fmt)
-    except TypeError:  # an unhashable format is none of ours
-        return None
-    if plan is None:
-        return None
-    (br, bc), loop, args_of, blocky = plan
-    x2 = x if x.dim() == 2 else x.reshape(-1, x.shape[-1])
-    rows, cols = x2.shape
-    x2 = x2.contiguous()
-    src = x2.view(torch.int16).numpy() if _KIND[x2.dtype] else x2.numpy()
-    rp, cp = -(-rows // br) * br, -(-cols // bc) * bc
-    try:
-        xp = _widen(src, _KIND[x2.dtype], rp, cp)
-        res = loop(xp, *args_of(rows, cols))
-    except Exception as exc:  # noqa: BLE001 - numba that cannot compile here: the torch route
-        return _off(f"the compiled loop failed ({type(exc).__name__}: {exc})")
-    r = res.tolist()
-    out = {"q_n": float(rows * cols), "q_underflow": r[R_UND], "q_saturated": r[R_SAT],
-           "q_sig_sq": r[R_SIG], "q_err_sq": r[R_ERR]}
-    if not blocky:
-        return out
-    if r[R_SCALED] > 0:
-        lo, hi = _log2_extremes(loop, r[R_SMIN], r[R_SMAX])
-    else:
-        lo, hi = _INF, -_INF
-    out.update({"blk_n": r[R_BLK], "blk_scaled_n": r[R_SCALED], "blk_log2_min": lo,
-                "blk_log2_max": hi, "blk_log2_sum": r[R_LSUM], "blk_log2_sumsq": r[R_LSQ],
-                "blk_clip": r[R_CLIP], "blk_scale_sat": r[R_SSAT],
-                "blk_sqnr_min_db": r[R_SQNR], "blk_nan": r[R_NAN]})
+        return [None] * n
+    cols = x.shape[-1]
+    if not x.is_contiguous():
+        x = x.contiguous()
+    # numpy's reshape of a contiguous array is a view (torch's costs a dispatch)
+    src = (x.view(torch.int16) if kind else x).numpy().reshape(-1, cols)
+    rows = src.shape[0]
+    wide: dict = {}  # (padded rows, padded cols) -> the float64 copy
+    out: list = []
+    for fmt in fmts:
+        try:
+            plan = _PLANS[fmt]
+        except KeyError:
+            plan = _PLANS[fmt] = _plan(fmt)
+        except TypeError:  # an unhashable format is none of ours
+            plan = None
+        if plan is None:
+            out.append(None)
+            continue
+        (br, bc), loop, args_of, blocky = plan
+        shape = (-(-rows // br) * br, -(-cols // bc) * bc)
+        try:
+            xp = wide.get(shape)
+            if xp is None:
+                xp = wide[shape] = _widen(src, kind, *shape)
+            res = loop(xp, *args_of(rows, cols))
+        except Exception as exc:  # noqa: BLE001 - numba that cannot compile here: the torch route
+            _off(f"the compiled loop failed ({type(exc).__name__}: {exc})")
+            return out + [None] * (n - len(out))  # as quant_fields from here on
+        out.append(_fields_of(res, rows * cols, loop, blocky))
     return out
 
 
-def _log2_extremes(loop, smin: float, smax: float) -> tuple[float, float]:
-    """(blk_log2_min, blk_log2_max) from the smallest and largest scale the loop tracked: MX's
-    decode scales are powers of two (exact); NVFP4's log2 of the decode scale and FP8's -log2
-    of the encode scale go through torch.log2 as block_scales takes them (bit for bit)."""
-    if loop is _mx:
-        return math.log2(smin), math.log2(smax)  # exact: 2^e
-    lg = torch.log2(torch.tensor([smin, smax], dtype=torch.float64)).tolist()
-    if loop is _fp8:  # encode scales: the largest is the smallest decode scale
-        return -lg[1], -lg[0]
-    return lg[0], lg[1]
+def _fields_of(res: np.ndarray, n: int, loop, blocky: bool) -> dict[str, float]:
+    """The fields from a loop's result vector (``res`` is spent: its scale extremes become
+    their log2 in place)."""
+    r = res.tolist()
+    if not blocky:
+        return {"q_n": float(n), "q_underflow": r[R_UND], "q_saturated": r[R_SAT],
+                "q_sig_sq": r[R_SIG], "q_err_sq": r[R_ERR]}
+    if r[R_SCALED] == 0:
+        lo, hi = _INF, -_INF
+    elif loop is _mx:
+        lo, hi = math.log2(r[R_SMIN]), math.log2(r[R_SMAX])  # exact: 2^e
+    else:
+        # NVFP4's log2 of the decode scale and FP8's -log2 of the encode scale as block_scales
+        # takes them: torch.log2, not libm's (see above), on the two extremes in place (one
+        # contiguous 2-element tensor: the same kernel as a fresh one, without building it)
+        lo, hi = torch.from_numpy(res[R_SMIN:R_SMAX + 1]).log2_().tolist()
+        if loop is _fp8:  # encode scales: the largest is the smallest decode scale
+            lo, hi = -hi, -lo
+    return {"q_n": float(n), "q_underflow": r[R_UND], "q_saturated": r[R_SAT],
+            "q_sig_sq": r[R_SIG], "q_err_sq": r[R_ERR], "blk_n": r[R_BLK],
+            "blk_scaled_n": r[R_SCALED], "blk_log2_min": lo, "blk_log2_max": hi,
+            "blk_log2_sum": r[R_LSUM], "blk_log2_sumsq": r[R_LSQ], "blk_clip": r[R_CLIP],
+            "blk_scale_sat": r[R_SSAT], "blk_sqnr_min_db": r[R_SQNR], "blk_nan": r[R_NAN]}
 
 
 def _off(why: str) -> None:
     _STATE["broken"] = why
+    # stacklevel: _off, _fields, quant_fields(_many), then its caller
     warnings.warn(f"numcheck.telemetry: {why}; quantization statistics take the slower torch "
-                  "route", RuntimeWarning, stacklevel=3)
-    return None
+                  "route", RuntimeWarning, stacklevel=4)
 
 
 def available() -> bool:

@@ -26,6 +26,7 @@ import contextlib
 import copy
 import importlib
 import warnings
+import weakref
 from typing import NamedTuple
 
 import torch
@@ -94,6 +95,13 @@ def _tensors(obj) -> list[torch.Tensor]:
     return []
 
 
+def _own_params(m: nn.Module) -> list[torch.Tensor]:
+    """m.parameters(recurse=False) that are floating point (read from ``_parameters``: a
+    quarter of the generator's cost, once per module call)."""
+    ps = [p for p in m._parameters.values() if p is not None and p.is_floating_point()]
+    return list({id(p): p for p in ps}.values()) if len(ps) > 1 else ps
+
+
 def _to64(obj):
     if isinstance(obj, torch.Tensor):
         return obj.detach().to(torch.float64) if obj.is_floating_point() else obj
@@ -142,12 +150,22 @@ def _host_sqnr(out: torch.Tensor, ref64: torch.Tensor) -> tuple[float, float] | 
         return _broken(exc)
 
 
-def _host_quant(t: torch.Tensor, quantizer) -> dict:
-    """A CPU tensor's quantization fields from numcheck/telemetry/_quant_cpu.py (the same
-    fields as fields.quant_stats, as floats; it warns once and answers None where numba is
-    missing or fails, or for a format or tensor it does not take), else quant_stats."""
-    q = importlib.import_module("numcheck.telemetry._quant_cpu").quant_fields(t, quantizer.format)
-    return q if q is not None else fields.quant_stats(t, quantizer)
+def _host_quants(t: torch.Tensor, quantizers: list) -> list[dict | None]:
+    """A CPU tensor's quantization fields for each quantizer (None: none) from
+    numcheck/telemetry/_quant_cpu.py (the same fields as fields.quant_stats, as floats; the
+    tensor widened once for the recipes whose blocks pad it alike; it warns once and answers
+    None where numba is missing or fails, or for a format or tensor it does not take: then
+    quant_stats)."""
+    live = [q for q in quantizers if q is not None]
+    if not live:
+        return [None] * len(quantizers)
+    got = iter(importlib.import_module("numcheck.telemetry._quant_cpu").quant_fields_many(
+        t, [q.format for q in live]))
+    out = []
+    for q in quantizers:
+        r = None if q is None else next(got)
+        out.append(r if r is not None or q is None else fields.quant_stats(t, q))
+    return out
 
 
 def _broken(exc: Exception) -> None:
@@ -219,6 +237,22 @@ def _set_rng_states(states: tuple) -> None:
     torch.set_rng_state(cpu)
     for (k, i), st in devs.items():
         getattr(torch, k).set_rng_state(st, i)
+
+
+class _NoGrad:
+    """torch.no_grad() for the hooks, at a fifth of its cost (measured ~2 us an entry, a few
+    hundred entries a step): most hooks run in the backward, where grad mode is off already."""
+
+    __slots__ = ("on",)
+
+    def __enter__(self) -> None:
+        self.on = torch.is_grad_enabled()
+        if self.on:
+            torch._C._set_grad_enabled(False)
+
+    def __exit__(self, *exc) -> None:
+        if self.on:
+            torch._C._set_grad_enabled(True)
 
 
 class KeepFP64(TorchFunctionMode):
@@ -304,6 +338,9 @@ class Telemetry:
         # per forward call of a module in this step: [grad_output finite, its stats], filled
         # by that call's grad_output hooks, read by its grad_input hooks and the weight's
         self._cells: dict[str, list[list]] = {}
+        # this step's compiled-pass fields per tensor (``_pass``): id -> (weakref, tag, fields)
+        self._memo: dict[int, tuple] = {}
+        self._forwards = 0   # forward passes of the root so far: a tag of ``_memo``'s entries
         self._leaf_handles: list = []     # tensor hooks on leaf tensors: removed at step end
         self._mode: _OpMode | None = None
         self._e2e_out: dict[str, list[torch.Tensor]] = {}
@@ -359,6 +396,7 @@ class Telemetry:
         if self._acc or self._events:
             self._flush()
         self._cells.clear()
+        self._memo.clear()
         for h in self._shadow_handles:
             h.remove()
         self._shadow_handles.clear()
@@ -369,6 +407,7 @@ class Telemetry:
         if self._acc or self._events:
             self._flush()
         self._cells.clear()
+        self._memo.clear()
         self._drop_leaf_hooks()
         self.step_index += 1
 
@@ -405,16 +444,19 @@ class Telemetry:
         def hook(mod, args, kwargs):
             if not self.enabled or self.busy:
                 return
+            if root:
+                self._forwards += 1
             pre = None
             mode = self._unmode()
             try:
                 if self._checking():
                     # read before the forward runs: an in-place module changes its input
                     ins = _tensors(args) + _tensors(kwargs) + \
-                        [p for p in mod.parameters(recurse=False) if p.is_floating_point()]
-                    if ins:
-                        with torch.no_grad():
-                            pre = self._observe(ins)
+                        _own_params(mod)
+                    if ins:   # full: a recorded row reads the same tensors next
+                        with _NoGrad():
+                            pre = self._observe(ins, full=self._ops[mod] is not None
+                                                and self.recording)
                 if self.shadow and self.recording and mod.training and mod in self._layer64:
                     # the layer's shadow draws what this forward draws (dropout: same mask)
                     self._rng_at[mod] = _rng_states(mod, args, kwargs)
@@ -440,23 +482,22 @@ class Telemetry:
                 return
             mode = self._unmode()
             try:
-                memo: dict = {}   # this hook's pass per tensor (nothing runs in between)
-                with torch.no_grad():
+                with _NoGrad():
                     ins = _tensors(args) + _tensors(kwargs)
                     outs = _tensors(out)
                     rec = bool(op) and self.recording
                     if self._checking() and outs:
                         if pre is not None:
                             ok, vec = pre
-                            fin, _ = self._observe(outs, memo, stats=False, full=rec)
+                            fin, _ = self._observe(outs, stats=False, full=rec)
                             self._event(name, op or "module", "output", "forward",
                                         _and_not(ok, fin), vec)
                         else:
                             self._check(name, op or "module", "output", "forward",
-                                        ins + list(mod.parameters(recurse=False)), outs, memo,
+                                        ins + _own_params(mod), outs,
                                         full=rec)
                     if rec:
-                        self._record_forward(mod, name, op, args, kwargs, ins, outs, memo)
+                        self._record_forward(mod, name, op, args, kwargs, ins, outs)
                 if torch.is_grad_enabled() and (self._checking() or (op and self.recording)):
                     self._backward_hooks(name, op, ins, outs)
             finally:
@@ -535,7 +576,7 @@ class Telemetry:
                 return None
             gs = [grad_inputs[i] for i in edges if grad_inputs[i] is not None]
             if gs:
-                with torch.no_grad():
+                with _NoGrad():
                     fin, _ = self._observe(gs, stats=False)
                     self._event(name, op, "grad_input", "backward", _and_not(cell[0], fin),
                                 cell[1])
@@ -555,15 +596,14 @@ class Telemetry:
         def hook(grad):
             if not self.enabled or self.busy:
                 return None
-            memo: dict = {}
-            with torch.no_grad():
+            with _NoGrad():
                 if self._checking():
-                    ok, vec = self._observe([grad], memo, full=bool(op) and self.recording)
+                    ok, vec = self._observe([grad], full=bool(op) and self.recording)
                     if cell[0] is not None:    # a call with several outputs
                         ok, vec = _and(cell[0], ok), self._combine(cell[1], vec)
                     cell[0], cell[1] = ok, vec
                 if op and self.recording:
-                    self._add(name, op, "grad_output", grad, memo=memo)
+                    self._add(name, op, "grad_output", grad)
             return None
         return hook
 
@@ -571,15 +611,14 @@ class Telemetry:
         def hook(grad):
             if not self.enabled or self.busy:
                 return None
-            memo: dict = {}
-            with torch.no_grad():
+            with _NoGrad():
                 if check and self._checking() and cell[0] is not None:
-                    fin, _ = self._observe([grad], memo, stats=False,
+                    fin, _ = self._observe([grad], stats=False,
                                            full=op != "module" and self.recording)
                     self._event(name, op, "grad_input", "backward", _and_not(cell[0], fin),
                                 cell[1])
                 if op != "module" and self.recording:
-                    self._add(name, op, "grad_input", grad, memo=memo)
+                    self._add(name, op, "grad_input", grad)
             return None
         return hook
 
@@ -587,8 +626,7 @@ class Telemetry:
         def hook(grad):
             if not self.enabled or self.busy:
                 return None
-            memo: dict = {}
-            with torch.no_grad():
+            with _NoGrad():
                 # the weight's gradient sums every call of the step: finite grad_outputs of
                 # all the calls whose backward has run, and a non-finite sum, name it
                 cells = [c for c in self._cells.get(name, ()) if c[0] is not None]
@@ -596,17 +634,16 @@ class Telemetry:
                     ok, vec = cells[0]
                     for c in cells[1:]:
                         ok, vec = _and(ok, c[0]), self._combine(vec, c[1])
-                    fin, _ = self._observe([grad], memo, stats=False, full=self.recording)
+                    fin, _ = self._observe([grad], stats=False, full=self.recording)
                     self._event(name, op, "grad_weight", "backward", _and_not(ok, fin), vec)
                 if self.recording:
-                    self._add(name, op, "grad_weight", grad, memo=memo)
+                    self._add(name, op, "grad_weight", grad)
             return None
         return hook
 
     def on_op(self, op: str, args, out) -> None:
         """A function-level op (sdpa, softmax) under the innermost running module."""
         name = self._stack[-1][0] if self._stack else ROOT
-        memo: dict = {}
         ins, outs = _tensors(args), _tensors(out)
         if self.recording and torch.is_grad_enabled():
             # its backward rows (grad_output, grad_input): tensor hooks, recording only; the
@@ -619,14 +656,14 @@ class Telemetry:
             for t in ins:
                 if t.requires_grad:
                     self._keep(t, t.register_hook(self._gin(name, op, cell, check=False)))
-        with torch.no_grad():   # (inside __torch_function__: the mode is off already)
+        with _NoGrad():   # (inside __torch_function__: the mode is off already)
             if self._checking() and outs:
-                self._check(name, op, "output", "forward", ins, outs, memo, self.recording)
+                self._check(name, op, "output", "forward", ins, outs, self.recording)
             if self.recording:
                 for t in ins:
-                    self._add(name, op, "input", t, memo=memo)
+                    self._add(name, op, "input", t)
                 for t in outs:
-                    self._add(name, op, "output", t, memo=memo)
+                    self._add(name, op, "output", t)
 
     # ---- recording -----------------------------------------------------------------------
 
@@ -635,26 +672,39 @@ class Telemetry:
             self._vec = fields.Vectors(like.device)
         return self._vec
 
-    def _observe(self, ts: list[torch.Tensor], memo: dict | None = None, stats: bool = True,
-                 full: bool = False):
+    def _pass(self, t: torch.Tensor, full: bool) -> list[float] | None:
+        """t's plain fields from the compiled pass (None: not a CPU tensor the pass takes),
+        computed once per step: a tensor met again (one module's output is the next one's
+        input, a container's input its first child's) takes the fields stored for it, while
+        it is the same object with the same version, storage and forward pass (a parameter's
+        ``.data`` can be written behind its version counter, between forwards: the optimizer's
+        step); the integer pass's fields (sum_sq NaN) do not answer ``full``."""
+        e = self._memo.get(id(t))
+        try:
+            tag = (t._version, t.data_ptr(), self._forwards)
+        except RuntimeError:   # an inference tensor keeps no version counter: no memo
+            return _host_plain(t, full)
+        if e is not None and e[1] == tag and e[0]() is t and (not full or e[2][7] == e[2][7]):
+            return e[2]
+        p = _host_plain(t, full)
+        if p is not None:
+            self._memo[id(t)] = (weakref.ref(t), tag, p)
+        return p
+
+    def _observe(self, ts: list[torch.Tensor], stats: bool = True, full: bool = False):
         """(all of ts finite, their plain statistics combined) for the producer check: a flag
         (bool, or a device tensor) and a vector (host list of fields.PLAIN, device vector, or
         None for no tensors; ``stats=False``: None, unless the CPU pass gave it anyway). CPU
-        tensors take one compiled pass each, kept in ``memo`` (id -> fields) for the rest of
-        the hook; the others the torch route on their device. On CPU only the integer pass
-        runs (sum_sq NaN: NonFinite.inputs does not show it) unless ``full``: the hook records
-        these tensors next, from the memo."""
+        tensors take the compiled pass (``_pass``); the others the torch route on their
+        device. On CPU only the integer pass runs (sum_sq NaN: NonFinite.inputs does not
+        show it) unless ``full``: the hook records these tensors next."""
         ok, vec = True, None
         for t in ts:
             if t.numel() == 0:   # nothing to read: finite, identity statistics
                 if stats and vec is None:
                     vec = list(fields.PLAIN_IDENTITY)
                 continue
-            p = memo.get(id(t)) if memo is not None else None
-            if p is None:
-                p = _host_plain(t, full)
-                if p is not None and memo is not None:
-                    memo[id(t)] = p
+            p = self._pass(t, full)
             if p is not None:
                 ok = _and(ok, p[2] + p[3] == 0)   # no NaN, no Inf
                 s = p
@@ -682,18 +732,16 @@ class Telemetry:
             b = v.vector(dict(zip(fields.PLAIN, b, strict=True)))
         return v.combine(a, b.to(a.device))
 
-    def _check(self, name, op, role, pass_, ins, outs, memo: dict | None = None,
-               full: bool = False) -> None:
+    def _check(self, name, op, role, pass_, ins, outs, full: bool = False) -> None:
         ins = [t for t in ins if t.is_floating_point()]
-        ok, vec = self._observe(ins, memo, full=full)
-        fin, _ = self._observe(outs, memo, stats=False, full=full)
+        ok, vec = self._observe(ins, full=full)
+        fin, _ = self._observe(outs, stats=False, full=full)
         self._event(name, op, role, pass_, _and_not(ok, fin), vec if ins else None)
 
     def _event(self, name, op, role, pass_, flag, vec) -> None:
         self._events.append((name, op, role, pass_, flag, vec))
 
-    def _add(self, name, op, role, t: torch.Tensor, extra: dict | None = None,
-             memo: dict | None = None) -> None:
+    def _add(self, name, op, role, t: torch.Tensor, extra: dict | None = None) -> None:
         """Accumulate t's statistics into every row it belongs to (the recipe's and each
         what-if's for a quantized role of a linear layer). A CPU tensor's row lives on the
         host (Python floats: the compiled pass, and quantization / shadow fields given as
@@ -706,11 +754,10 @@ class Telemetry:
             if self.recipes[0][2]:  # what-ifs only: the observed row as well
                 tags.insert(0, ("", None, False))
         pass_ = "backward" if role.startswith("grad") else "forward"
-        p = memo.get(id(t)) if memo is not None else None
-        if p is None or p[7] != p[7]:   # not in the memo, or from the integer pass alone
-            p = _host_plain(t)
+        p = self._pass(t, True)
         if p is not None:
-            for tag, quantizer, what_if in tags:
+            qs = _host_quants(t, [q for _, q, _ in tags])
+            for (tag, _, what_if), q in zip(tags, qs, strict=True):
                 slot = self._acc.get((name, op, role, pass_, tag, what_if))
                 if slot is None:
                     slot = self._acc[(name, op, role, pass_, tag, what_if)] = [None, None]
@@ -720,8 +767,8 @@ class Telemetry:
                 fields.host_plain(h, p)
                 if extra:
                     fields.host_update(h, extra)
-                if quantizer is not None:
-                    fields.host_update(h, _host_quant(t, quantizer))
+                if q is not None:
+                    fields.host_update(h, q)
             return
         v = self._vectors(t)
         t = t.to(v.identity.device)
@@ -735,12 +782,12 @@ class Telemetry:
             slot = self._acc.setdefault(key, [None, None])
             slot[1] = vec if slot[1] is None else v.combine(slot[1], vec)
 
-    def _record_forward(self, mod, name, op, args, kwargs, ins, outs, memo=None) -> None:
+    def _record_forward(self, mod, name, op, args, kwargs, ins, outs) -> None:
         for t in ins:
-            self._add(name, op, "input", t, memo=memo)
+            self._add(name, op, "input", t)
         w = _weight(mod)
         if w is not None:
-            self._add(name, op, "weight", w, memo=memo)
+            self._add(name, op, "weight", w)
         if not outs:
             return
         extra = {}
@@ -751,9 +798,9 @@ class Telemetry:
             pending = self._e2e_out.get(name)
             if pending:
                 extra.update(_sqnr_pair(outs[0], pending.pop(0), "e2e"))
-        self._add(name, op, "output", outs[0], extra, memo)
+        self._add(name, op, "output", outs[0], extra)
         for t in outs[1:]:
-            self._add(name, op, "output", t, memo=memo)
+            self._add(name, op, "output", t)
 
     # ---- shadows -------------------------------------------------------------------------
 

@@ -5,12 +5,13 @@ model, the median step time (forward, backward, AdamW step, `t.step()`) of a pla
 each from a plain and a watched run stepped alternately, the ratios of: attached but
 disabled, statistics only, a recipe's quantization statistics (mxfp8), plus two what-if
 recipes, everything (recipe, what-if, float64 shadows), everything on every 10th step
-(``every=10``: a ratio of means, since the median step is an unrecorded one), and that run's
-unrecorded steps alone (median: the cost of the producer check, which runs every step). Over
---steps steps (a multiple of 10) after 3 warm-up steps, all in one process on one thread
+and every 50th (``every=10``, ``every=50``: ratios of means, since the median step is an
+unrecorded one), and the every=10 run's unrecorded steps alone (median: the cost of the
+sentinel, numcheck/telemetry/sentinel.py). Over --steps steps (a multiple of 50) after 3
+warm-up steps, all in one process on one thread
 (numcheck's pinned state for training runs), so the ratios come from one run on one machine.
 
-    python bench/bench_telemetry_overhead.py [--models mlp tiny_lm tiny_dit] [--steps 20]
+    python bench/bench_telemetry_overhead.py [--models mlp tiny_lm tiny_dit] [--steps 50]
 """
 from __future__ import annotations
 
@@ -34,6 +35,7 @@ SETTINGS = {
     # the shadows run the model again in float64 (a whole copy, and each layer on its own
     # inputs): at every=1 they cost more than one fp32 step by construction; `every` samples
     "all/every10": dict(_ALL, every=10),
+    "all/every50": dict(_ALL, every=50),
 }
 
 
@@ -89,7 +91,7 @@ def _ratio(name: str, steps: int, setting: dict) -> tuple[float, float, float | 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--models", nargs="+", default=["mlp", "tiny_lm", "tiny_dit"])
-    ap.add_argument("--steps", type=int, default=20)
+    ap.add_argument("--steps", type=int, default=50, help="a multiple of 50 (of every)")
     args = ap.parse_args()
     torch.set_num_threads(1)
     print(f"{'model':10} {'plain ms':>9} " + " ".join(f"{k:>11}" for k in SETTINGS)

@@ -100,6 +100,12 @@ def test_compiled_pass_equals_torch_route_on_every_dtype(dtype):
         assert math.isclose(got[7], want[7], rel_tol=_sum_tol(x.numel())), (got[7], want[7])
         ints = _stats_cpu.raw(x, sums=False)
         assert ints[:7] == got[:7] and math.isnan(ints[7])
+        assert _stats_cpu.finite(x) == bool(torch.isfinite(x).all())   # the sentinel's read
+        if x.numel() > 1 and torch.isfinite(x).all():   # one non-finite anywhere, the last too
+            for bad in (math.nan, math.inf, -math.inf):
+                y = x.clone()
+                y.view(-1)[-1] = bad
+                assert not _stats_cpu.finite(y)
 
 
 def test_compiled_pass_takes_grad_tensors_parameters_and_refuses_the_rest():

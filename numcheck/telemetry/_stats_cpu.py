@@ -23,6 +23,8 @@ reference and the CUDA route; this module gives the same fields on CPU (``raw``)
 squares is never NaN): all the producer check needs (finiteness, and the n n_nan n_inf amax
 min_nonzero that ``NonFinite.inputs`` shows), at about half the full pass's cost.
 
+``finite(t)``: no NaN and no Inf, one integer max (the sentinel's reads).
+
 ``sqnr`` is ``fields.sqnr_pair``'s two sums (signal and error energy against a float64
 reference) in one loop, the same four-way order, hence the same tolerance.
 
@@ -75,6 +77,18 @@ def raw(t: torch.Tensor, sums: bool = True) -> list[float]:
     return [1.0, float(n), *r]
 
 
+def finite(t: torch.Tensor) -> bool:
+    """Whether a non-empty tensor that ``handles`` accepts holds no NaN and no Inf: the largest
+    magnitude's bits below +inf's (one integer max, the pass's cheapest loop: the sentinel's
+    reads, which want nothing else)."""
+    x = t.detach() if t.requires_grad else t
+    if not x.is_contiguous():
+        x = x.contiguous()
+    ibits, inf, mask = _BITS[x.dtype]
+    b = x.view(ibits).numpy().reshape(-1)
+    return bool(_max_mag(b, b.dtype.type(mask)) < inf)
+
+
 def sqnr(out: torch.Tensor, ref64: torch.Tensor) -> tuple[float, float] | None:
     """(sum r^2, sum (o - r)^2) over the finite reference elements (fields.sqnr_pair), or None
     when the pair is not for this loop (shapes differ: sqnr_pair broadcasts; not CPU)."""
@@ -87,6 +101,16 @@ def sqnr(out: torch.Tensor, ref64: torch.Tensor) -> tuple[float, float] | None:
     o = o.contiguous().numpy().reshape(-1)
     r = ref64.detach().contiguous().numpy().reshape(-1)
     return _sqnr_pass(o, r)
+
+
+@njit(error_model="numpy")
+def _max_mag(b, mask):
+    """The largest magnitude's bits (``mask`` of the array's own integer type: the loop stays
+    in its lanes and vectorizes)."""
+    mx = b.dtype.type(0)
+    for i in range(b.shape[0]):
+        mx = max(mx, b[i] & mask)
+    return mx
 
 
 @njit(error_model="numpy")

@@ -5,18 +5,24 @@ Hooks: every submodule gets a forward pre-hook and a forward hook (the module st
 forward producer check); the forward hook puts tensor hooks on the call's outputs and on its
 inputs that need a gradient (grad_output, grad_input), and hooks on the autograd nodes the
 call made that consume its inputs (the backward producer check, per call; no module full
-backward hooks: they add graph nodes and change the gradients' last bits); watched modules (``classify``: linear, attention, norm) record their roles, their weight's
-gradient through a tensor hook on the parameter. While the root module's forward runs, a
+backward hooks: they add graph nodes and change the gradients' last bits); watched modules
+(``classify``: linear, attention, norm) record their roles, their weight's gradient through
+a tensor hook on the parameter. While the root module's forward runs, a
 TorchFunctionMode records ``F.scaled_dot_product_attention`` (op "sdpa") and softmax (op
 "softmax", the attention probabilities of models that write attention out, as the tiny models
 do) under the innermost module that called them. Nothing is read back from a device in a
 hook: ``step()`` reads a step's statistics once.
 
+All of this runs on the steps ``every`` records (and on every step of a model whose root is
+never called); the steps in between carry only the root's sentinel (numcheck/telemetry/
+sentinel.py), which replays a step that went non-finite under these hooks at ``step()``.
+
 Cost: CPU tensors take one compiled pass each (numcheck/telemetry/_stats_cpu.py: all plain
 fields and the finiteness the producer check needs, as Python floats accumulated on the host,
 no torch op per observation); other tensors (CUDA) the torch route of ``fields.tensor_stats``,
-reduced on their device. A hook reads each tensor once: the finiteness check, the producer's
-input statistics and the recorded row of one tensor in one hook share one pass. Hooks that run
+reduced on their device. A step reads each tensor once (``Telemetry._pass``: the finiteness
+check, the producer's input statistics and the recorded row share one pass, and a module's
+output met again as the next module's input is not read again). Hooks that run
 inside the root's forward take the watch's own TorchFunctionMode off the mode stack while they
 work, so telemetry's own torch ops are not intercepted.
 """
@@ -37,6 +43,7 @@ from torch.overrides import TorchFunctionMode
 from ..errors import UsageError
 from ..quant.recipe import QuantRecipe, get_recipe
 from . import fields
+from .sentinel import Sentinel
 
 ROLES = ("input", "weight", "output", "grad_output", "grad_input", "grad_weight")
 QUANT_ROLE = {"input": "x", "weight": "w", "grad_output": "grad"}  # linear roles a recipe has
@@ -225,11 +232,12 @@ def _own_rng(*objs) -> contextlib.ExitStack:
     return stack
 
 
-def _rng_states(*objs) -> tuple:
-    """The CPU generator's state and those of the devices of ``objs`` (_devices): what a
-    module's forward is about to draw from."""
+def _rng_states(*objs, devs: set | None = None) -> tuple:
+    """The CPU generator's state and those of the devices of ``objs`` (_devices) and ``devs``:
+    what a module's forward is about to draw from."""
+    devs = _devices(*objs) | (devs or set())
     return torch.get_rng_state(), {(k, i): getattr(torch, k).get_rng_state(i)
-                                   for k, i in _devices(*objs)}
+                                   for k, i in devs}
 
 
 def _set_rng_states(states: tuple) -> None:
@@ -344,7 +352,13 @@ class Telemetry:
         self._leaf_handles: list = []     # tensor hooks on leaf tensors: removed at step end
         self._mode: _OpMode | None = None
         self._e2e_out: dict[str, list[torch.Tensor]] = {}
-        self._handles: list = []          # on the model: present only while enabled
+        self._handles: list = []          # the full hooks: on the model while armed "full"
+        # the hooks the current step carries (``_arm``): "full", "sentinel" (the root's, on
+        # the steps ``every`` skips: numcheck/telemetry/sentinel.py), "off", None (detached)
+        self._armed: str | None = None
+        self._sentinel = Sentinel(self)
+        self._root_seen = False   # a root forward ran under the full hooks
+        self._devs: set = set()   # the model's accelerator devices, read when armed
         self._shadow_handles: list = []   # on the float64 copy
         self._names = names = {m: (n or ROOT) for n, m in model.named_modules()}
         self._ops = {m: classify(m) for m in names}
@@ -373,10 +387,8 @@ class Telemetry:
         """Attach the hooks (again) and record from the current step on."""
         if self._closed:
             raise UsageError("telemetry: enable() after close(); start a new watch")
-        if not self._handles:
-            for m, name in self._names.items():
-                self._attach(m, name, self._ops[m], m is self.model)
         self.enabled = True
+        self._arm()
 
     def disable(self) -> None:
         """Stop recording and take the hooks off the model (the watch stays, with its records
@@ -385,9 +397,8 @@ class Telemetry:
         self.enabled = False
         self._exit_mode()
         self._stack.clear()
-        for h in self._handles:
-            h.remove()
-        self._handles.clear()
+        self._detach()
+        self._sentinel.clear()
         self._drop_leaf_hooks()
 
     def close(self) -> None:
@@ -403,13 +414,23 @@ class Telemetry:
         self._closed = True
 
     def step(self) -> None:
-        """Mark the end of a step: its statistics are read back to the host here, once."""
+        """Mark the end of a step: its statistics are read back to the host here, once (and a
+        step ``every`` skipped is replayed with the full hooks where its sentinel saw a
+        non-finite value: numcheck/telemetry/sentinel.py)."""
+        replayed = self._armed == "sentinel" and self._sentinel.due()
+        if replayed:
+            self._replay()
         if self._acc or self._events:
             self._flush()
+        if replayed and self._first is None:
+            self._sentinel.named_nobody(self.step_index)
         self._cells.clear()
         self._memo.clear()
+        self._sentinel.clear()
         self._drop_leaf_hooks()
         self.step_index += 1
+        if self.enabled:
+            self._arm()
 
     def records(self):
         """pandas DataFrame, one row per (step, module, op, role, pass, recipe)."""
@@ -432,6 +453,54 @@ class Telemetry:
     def _checking(self) -> bool:
         return self.enabled and not self.busy and self._first is None
 
+    def _arm(self) -> None:
+        """Put on the hooks this step needs: all of them on a recorded step, and on every step
+        until a root forward has run under them (the sentinel watches the root's forward:
+        a model whose root is never called keeps the full check); the root's sentinel on the
+        steps in between while no producer is named; none once one is."""
+        if self.step_index % self.every == 0 or (self._first is None and not self._root_seen):
+            want = "full"
+        else:
+            want = "sentinel" if self._first is None else "off"
+        if want == self._armed:
+            return
+        self._detach()
+        if want == "full":
+            for m, name in self._names.items():
+                self._attach(m, name, self._ops[m], m is self.model)
+        elif want == "sentinel":
+            self._devs = _devices(self.model)
+            self._sentinel.attach(self.model)
+        self._armed = want
+
+    def _detach(self) -> None:
+        for h in self._handles:
+            h.remove()
+        self._handles.clear()
+        self._sentinel.detach()
+        self._armed = None
+
+    def _replay(self) -> None:
+        """The sentinel's replay of this step under the full hooks (checking, not recording:
+        the step is not a recorded one)."""
+        self._detach()
+        for m, name in self._names.items():
+            self._attach(m, name, self._ops[m], m is self.model)
+        self._armed = "full"
+        try:
+            self._sentinel.replay()
+        finally:
+            self._exit_mode()
+            self._stack.clear()
+            self._drop_leaf_hooks()
+
+    # for numcheck/telemetry/sentinel.py
+    _float_tensors = staticmethod(_tensors)
+    _set_rng = staticmethod(_set_rng_states)
+
+    def _rng_of(self, *objs) -> tuple:
+        return _rng_states(*objs, devs=self._devs)
+
     def _attach(self, m: nn.Module, name: str, op: str | None, root: bool) -> None:
         h = self._handles
         h.append(m.register_forward_pre_hook(self._pre(m, name, root), with_kwargs=True))
@@ -446,6 +515,7 @@ class Telemetry:
                 return
             if root:
                 self._forwards += 1
+                self._root_seen = True
             pre = None
             mode = self._unmode()
             try:
@@ -691,6 +761,21 @@ class Telemetry:
             self._memo[id(t)] = (weakref.ref(t), tag, p)
         return p
 
+    @staticmethod
+    def _all_finite(ts: list[torch.Tensor]):
+        """No NaN and no Inf in any of ts, nothing else read: a bool (CPU tensors: the
+        compiled integer max) or a 0-d device flag (the sentinel's reads)."""
+        fast, ok = _fast(), True
+        for t in ts:
+            f = None
+            if fast is not None and t.numel() and fast.handles(t):
+                try:
+                    f = fast.finite(t)
+                except Exception as exc:  # noqa: BLE001 - as in _host_plain
+                    _broken(exc)
+            ok = _and(ok, torch.isfinite(t.detach()).all() if f is None else f)
+        return ok
+
     def _observe(self, ts: list[torch.Tensor], stats: bool = True, full: bool = False):
         """(all of ts finite, their plain statistics combined) for the producer check: a flag
         (bool, or a device tensor) and a vector (host list of fields.PLAIN, device vector, or
@@ -926,6 +1011,6 @@ def watch(model: nn.Module, recipe=None, shadow: bool = False, what_if=(), every
           enabled: bool = True, rank: int | None = None) -> Telemetry:
     """Attach telemetry to ``model`` (docs/telemetry.md); use as a context manager, or call
     ``close()``. ``recipe``/``what_if``: QuantRecipe names (numcheck.quant.recipe.RECIPES) or
-    objects; ``every``: record statistics on every n-th step (producer checks run every step);
-    ``enabled=False`` attaches disabled; ``rank`` defaults to torch.distributed's."""
+    objects; ``every``: record statistics on every n-th step (the producer check covers every
+    step: in between, numcheck/telemetry/sentinel.py); ``enabled=False`` attaches disabled; ``rank`` defaults to torch.distributed's."""
     return Telemetry(model, recipe, shadow, what_if, every, enabled, rank)

@@ -1,0 +1,222 @@
+"""The producer check on steps ``every`` skips (numcheck/telemetry/sentinel.py): the sentinel
+sees the non-finite value, the replay names the producer the full check names on the live step
+(same step, module, op, role, pass and input statistics), and the run goes on as it would have
+without the replay: parameters, their gradients and the generators' states bitwise equal."""
+from __future__ import annotations
+
+import math
+import warnings
+
+import pytest
+import torch
+from torch import nn
+
+from numcheck import telemetry
+
+FAULT = 4   # the step the fault comes at: not recorded at every=3 (0, 3, 6 are)
+
+
+class _Exp(nn.Module):
+    def forward(self, x):
+        return torch.exp(x)  # fp32 overflows above ~88.7
+
+
+class _Noise(nn.Module):
+    def forward(self, x):
+        return x + torch.randn_like(x)  # the generator's draw: the replay must draw it again
+
+
+class _NaNIfLarge(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x):
+        ctx.large = bool(x.abs().max() > 10)
+        return x.clone()
+
+    @staticmethod
+    def backward(ctx, g):
+        return g * float("nan") if ctx.large else g
+
+
+class _BadBackward(nn.Module):
+    def forward(self, x):
+        return _NaNIfLarge.apply(x)
+
+
+class _InPlaceBoom(nn.Module):
+    def forward(self, x):
+        return x.mul_(1e38)
+
+
+class _BareSqrt(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.l1, self.l2 = nn.Linear(4, 4), nn.Linear(4, 1)
+
+    def forward(self, x):
+        h = torch.relu(self.l1(x))
+        return self.l2(h).sum() + torch.sqrt(h).sum()  # sqrt'(0) = inf: a bare op's overflow
+
+
+class _Parts(nn.Module):
+    """Its root is never called: the children are (the sentinel cannot watch it)."""
+
+    def __init__(self):
+        super().__init__()
+        self.a, self.b = _eye(nn.Linear(8, 8), 100.0), _Exp()
+
+
+def _eye(lin: nn.Linear, scale: float) -> nn.Linear:
+    with torch.no_grad():
+        lin.weight.copy_(torch.eye(lin.in_features) * scale)
+        lin.bias.zero_()
+    return lin
+
+
+def _fwd_overflow():
+    return nn.Sequential(_eye(nn.Linear(8, 8), 100.0), _Noise(), _Exp(), nn.Linear(8, 8),
+                         nn.Dropout(0.3), nn.LayerNorm(8))
+
+
+def _bwd_nan():
+    return nn.Sequential(_eye(nn.Linear(8, 8), 1.0), _BadBackward(), nn.LayerNorm(8),
+                         nn.Dropout(0.2), nn.Linear(8, 4))
+
+
+def _bare_sqrt():
+    m = _BareSqrt()
+    m.l1 = nn.Linear(8, 4)
+    with torch.no_grad():
+        m.l1.bias.fill_(-100.0)   # h == 0 exactly: sqrt's gradient is inf on every step
+    return m
+
+
+def _x(step: int, big: float) -> torch.Tensor:
+    return torch.full((4, 8), big if step == FAULT else 1e-3)
+
+
+def _train(make, big, every, micro=1, no_grad=False, parts=False):
+    """A few SGD steps of ``make()`` under watch(every=every), the fault at step FAULT (in the
+    last micro-batch); returns (first_nonfinite, its inputs, parameters, their gradients, the
+    CPU generator's state after the run, the warnings)."""
+    torch.manual_seed(0)
+    model = make()
+    opt = torch.optim.SGD(model.parameters(), lr=1e-3)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        t = telemetry.watch(model, every=every) if every else None
+        for step in range(7):
+            opt.zero_grad()
+            for k in range(micro):
+                x = _x(step, big) if k == micro - 1 else _x(0, big)
+                if no_grad:
+                    with torch.no_grad():
+                        model(x)
+                    continue
+                if parts:
+                    out = model.b(model.a(x))
+                else:
+                    out = model(x)
+                out.float().sum().backward()
+            if not no_grad:
+                opt.step()
+            torch.rand(3)   # the user's own draws after the forward: the replay keeps them
+            if t is not None:
+                t.step()
+        if t is not None:
+            t.close()
+    nf = t.first_nonfinite() if t is not None else None
+    grads = [None if p.grad is None else p.grad.clone() for p in model.parameters()]
+    return (nf, getattr(nf, "inputs", None), [p.detach().clone() for p in model.parameters()],
+            grads, torch.get_rng_state(), [str(w.message) for w in caught])
+
+
+def _same(a, b) -> bool:
+    if a is None or b is None:
+        return a is b
+    return a.shape == b.shape and bool(((a == b) | (a.isnan() & b.isnan())).all())
+
+
+CASES = {
+    "forward overflow": dict(make=_fwd_overflow, big=2.0,
+                             want=(FAULT, "2", "module", "output", "forward")),
+    "backward NaN": dict(make=_bwd_nan, big=50.0,
+                         want=(FAULT, "1", "module", "grad_input", "backward")),
+    "second micro-batch": dict(make=_fwd_overflow, big=2.0, micro=2,
+                               want=(FAULT, "2", "module", "output", "forward")),
+    "in-place, no backward": dict(make=lambda: nn.Sequential(
+        nn.Sequential(_eye(nn.Linear(8, 8), 1.0), _InPlaceBoom()), nn.Linear(8, 1)),
+        big=100.0, no_grad=True, want=(FAULT, "0.1", "module", "output", "forward")),
+}
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_the_replay_names_what_the_full_check_names(case):
+    kw = dict(CASES[case])
+    want = kw.pop("want")
+    full = _train(every=1, **kw)
+    sampled = _train(every=3, **kw)
+    assert full[0] == want
+    assert sampled[0] == want
+    assert sampled[1] == full[1]   # the producer's input statistics: the same tensors
+    # the replay leaves the run as it was: parameters, gradients, generator state
+    plain = _train(every=0, **kw)
+    assert all(_same(a, b) for a, b in zip(sampled[2], plain[2], strict=True))
+    assert all(_same(a, b) for a, b in zip(sampled[3], plain[3], strict=True))
+    assert torch.equal(sampled[4], plain[4])
+    assert not [w for w in sampled[5] if "named no producer" in w]
+
+
+def test_the_replay_draws_the_live_forwards_random_numbers():
+    kw = dict(CASES["forward overflow"])
+    kw.pop("want")
+    a, b = _train(every=1, **kw), _train(every=3, **kw)
+    # the producer's input went through _Noise: its amax is 200 plus this step's draw
+    assert a[1]["amax"] != 200.0 and b[1]["amax"] == a[1]["amax"]
+
+
+def test_a_replay_that_names_nobody_warns():
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(8, 8), nn.LayerNorm(8), nn.Linear(8, 4))
+    with warnings.catch_warnings(record=True) as caught, telemetry.watch(model, every=3) as t:
+        warnings.simplefilter("always")
+        for step in range(6):
+            loss = model(_x(step, 1.0)).sum()
+            (loss * math.nan if step == FAULT else loss).backward()  # a NaN from the loss
+            t.step()
+    assert t.first_nonfinite() is None   # the layers only propagate it
+    assert [str(w.message) for w in caught if "named no producer" in str(w.message)]
+
+
+def test_a_value_masked_before_any_gradient_is_not_seen():
+    """sqrt'(0) = inf enters h's gradient, and relu's backward masks it (h == 0): the full
+    check sees the module's total input gradient, the sentinel nothing (documented)."""
+    full = _train(_bare_sqrt, 1e-3, every=1)
+    sampled = _train(_bare_sqrt, 1e-3, every=3)
+    assert full[0] is None and sampled[0] is None
+    assert not [w for w in sampled[5] if "named no producer" in w]
+
+
+def test_a_root_never_called_keeps_the_full_check_every_step():
+    sampled = _train(_Parts, 2.0, every=3, parts=True)
+    # _Exp is reached directly: no root forward, so every step carries the full hooks
+    assert sampled[0] == (FAULT, "b", "module", "output", "forward")
+
+
+def _hooks(model) -> int:
+    return sum(len(m._forward_pre_hooks) + len(m._forward_hooks) for m in model.modules())
+
+
+def test_steps_between_recorded_ones_carry_only_the_roots_sentinel():
+    torch.manual_seed(0)
+    model = _fwd_overflow()
+    counts = []
+    with telemetry.watch(model, every=3) as t:
+        for step in range(7):
+            counts.append(_hooks(model))
+            model(_x(step, 2.0)).sum().backward()
+            t.step()
+    full = 2 * len(list(model.modules()))
+    # 0: full; 1, 2: sentinel; 3: full; 4: sentinel (the fault, replayed); 5: none (named)
+    assert counts == [full, 2, 2, full, 2, 0, full]
+    assert t.first_nonfinite()[0] == FAULT
+    assert _hooks(model) == 0

@@ -19,6 +19,7 @@ from numcheck.quant import RECIPES
 from numcheck.quant.fp8 import fp8_dequantize, fp8_quantize
 from numcheck.quant.mx import mx_dequantize, mx_quantize
 from numcheck.quant.nvfp4 import nvfp4_dequantize, nvfp4_quantize
+from tests._telemetry_models import BareSqrt, Exp, InPlaceBoom
 
 STAT_COLUMNS = ("amax", "min_nonzero", "dynamic_range_binades", "underflow_pct",
                 "saturation_pct", "sqnr_db", "scale_min_binades", "scale_max_binades",
@@ -103,7 +104,7 @@ def test_every_n_steps_and_disabled_watch_record_nothing_in_between():
             model(torch.randn(4, 32)).sum().backward()
             t.step()
     assert sorted(t.records().step.unique()) == [0, 2, 4]
-    bad = nn.Sequential(nn.Linear(4, 4), _Exp())
+    bad = nn.Sequential(nn.Linear(4, 4), Exp())
     with torch.no_grad():
         bad[0].weight.fill_(100.0)
     with telemetry.watch(bad, recipe="mxfp8", shadow=True, enabled=False) as t:
@@ -267,10 +268,6 @@ def test_merge_of_two_halves_equals_the_whole(tmp_path):
 
 # ---- the first non-finite producer -----------------------------------------------------------
 
-class _Exp(nn.Module):
-    def forward(self, x):
-        return torch.exp(x)  # fp32 overflows above ~88.7
-
 
 class _NaNGrad(torch.autograd.Function):
     @staticmethod
@@ -289,7 +286,7 @@ class _BadBackward(nn.Module):
 
 def test_forward_overflow_producer_is_named_not_its_propagators():
     torch.manual_seed(0)
-    model = nn.Sequential(nn.Linear(8, 8), _Exp(), nn.Linear(8, 8), nn.LayerNorm(8))
+    model = nn.Sequential(nn.Linear(8, 8), Exp(), nn.Linear(8, 8), nn.LayerNorm(8))
     with torch.no_grad():
         model[0].weight.copy_(torch.eye(8) * 100.0)
         model[0].bias.zero_()
@@ -434,13 +431,8 @@ def test_module_called_twice_names_its_second_calls_backward_overflow(shared):
                                    "backward")
 
 
-class _InPlaceBoom(nn.Module):
-    def forward(self, x):
-        return x.mul_(1e38)
-
-
 def test_in_place_producer_is_named_not_its_container():
-    model = nn.Sequential(nn.Sequential(nn.Linear(4, 4), _InPlaceBoom()), nn.Linear(4, 1))
+    model = nn.Sequential(nn.Sequential(nn.Linear(4, 4), InPlaceBoom()), nn.Linear(4, 1))
     with torch.no_grad():
         model[0][0].weight.fill_(1.0)
         model[0][0].bias.zero_()
@@ -513,18 +505,8 @@ def test_underflow_pct_over_finite_nonzero_and_nonfinite_blocks_counted():
     assert row.blk_nan == 3 and row.blk_n == 8 * 2 - 1 - 3  # x[2, :32] is an all-zero block
 
 
-class _BareSqrt(nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.l1, self.l2 = nn.Linear(4, 4), nn.Linear(4, 1)
-
-    def forward(self, x):
-        h = torch.relu(self.l1(x))
-        return self.l2(h).sum() + torch.sqrt(h).sum()  # sqrt'(0) = inf: a bare op's overflow
-
-
 def test_a_bare_ops_backward_overflow_is_not_blamed_on_a_module_sharing_its_input():
-    model = _BareSqrt()
+    model = BareSqrt()
     with torch.no_grad():
         model.l1.bias.fill_(-100.0)  # h == 0 exactly
     with telemetry.watch(model) as t:

@@ -12,13 +12,9 @@ import torch
 from torch import nn
 
 from numcheck import telemetry
+from tests._telemetry_models import BareSqrt, Exp, InPlaceBoom
 
 FAULT = 4   # the step the fault comes at: not recorded at every=3 (0, 3, 6 are)
-
-
-class _Exp(nn.Module):
-    def forward(self, x):
-        return torch.exp(x)  # fp32 overflows above ~88.7
 
 
 class _Noise(nn.Module):
@@ -42,27 +38,12 @@ class _BadBackward(nn.Module):
         return _NaNIfLarge.apply(x)
 
 
-class _InPlaceBoom(nn.Module):
-    def forward(self, x):
-        return x.mul_(1e38)
-
-
-class _BareSqrt(nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.l1, self.l2 = nn.Linear(4, 4), nn.Linear(4, 1)
-
-    def forward(self, x):
-        h = torch.relu(self.l1(x))
-        return self.l2(h).sum() + torch.sqrt(h).sum()  # sqrt'(0) = inf: a bare op's overflow
-
-
 class _Parts(nn.Module):
     """Its root is never called: the children are (the sentinel cannot watch it)."""
 
     def __init__(self):
         super().__init__()
-        self.a, self.b = _eye(nn.Linear(8, 8), 100.0), _Exp()
+        self.a, self.b = _eye(nn.Linear(8, 8), 100.0), Exp()
 
 
 def _eye(lin: nn.Linear, scale: float) -> nn.Linear:
@@ -73,7 +54,7 @@ def _eye(lin: nn.Linear, scale: float) -> nn.Linear:
 
 
 def _fwd_overflow():
-    return nn.Sequential(_eye(nn.Linear(8, 8), 100.0), _Noise(), _Exp(), nn.Linear(8, 8),
+    return nn.Sequential(_eye(nn.Linear(8, 8), 100.0), _Noise(), Exp(), nn.Linear(8, 8),
                          nn.Dropout(0.3), nn.LayerNorm(8))
 
 
@@ -83,8 +64,7 @@ def _bwd_nan():
 
 
 def _bare_sqrt():
-    m = _BareSqrt()
-    m.l1 = nn.Linear(8, 4)
+    m = BareSqrt(width=8)
     with torch.no_grad():
         m.l1.bias.fill_(-100.0)   # h == 0 exactly: sqrt's gradient is inf on every step
     return m
@@ -144,7 +124,7 @@ CASES = {
     "second micro-batch": dict(make=_fwd_overflow, big=2.0, micro=2,
                                want=(FAULT, "2", "module", "output", "forward")),
     "in-place, no backward": dict(make=lambda: nn.Sequential(
-        nn.Sequential(_eye(nn.Linear(8, 8), 1.0), _InPlaceBoom()), nn.Linear(8, 1)),
+        nn.Sequential(_eye(nn.Linear(8, 8), 1.0), InPlaceBoom()), nn.Linear(8, 1)),
         big=100.0, no_grad=True, want=(FAULT, "0.1", "module", "output", "forward")),
 }
 
@@ -198,7 +178,7 @@ def test_a_value_masked_before_any_gradient_is_not_seen():
 
 def test_a_root_never_called_keeps_the_full_check_every_step():
     sampled = _train(_Parts, 2.0, every=3, parts=True)
-    # _Exp is reached directly: no root forward, so every step carries the full hooks
+    # Exp is reached directly: no root forward, so every step carries the full hooks
     assert sampled[0] == (FAULT, "b", "module", "output", "forward")
 
 

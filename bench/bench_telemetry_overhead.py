@@ -7,7 +7,8 @@ disabled, statistics only, a recipe's quantization statistics (mxfp8), plus two 
 recipes, everything (recipe, what-if, float64 shadows), everything on every 10th step
 and every 50th (``every=10``, ``every=50``: ratios of means, since the median step is an
 unrecorded one), and the every=10 run's unrecorded steps alone (median: the cost of the
-sentinel, numcheck/telemetry/sentinel.py). Over --steps steps (a multiple of 50) after 3
+sentinel, numcheck/telemetry/sentinel.py), and a float64 forward of the model without hooks
+(what each float64 shadow costs at least). Over --steps steps (a multiple of 50) after 3
 warm-up steps, all in one process on one thread
 (numcheck's pinned state for training runs), so the ratios come from one run on one machine.
 
@@ -17,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import copy
 import statistics
 import time
 
@@ -24,6 +26,7 @@ import torch
 
 from numcheck import telemetry
 from numcheck.convergence.models import build
+from numcheck.telemetry.watch import KeepFP64
 
 _ALL = dict(recipe="mxfp8", what_if=("mxfp4", "nvfp4"), shadow=True)
 SETTINGS = {
@@ -88,6 +91,25 @@ def _ratio(name: str, steps: int, setting: dict) -> tuple[float, float, float | 
     return statistics.median(a), avg(b) / avg(a), unrec
 
 
+def _f64_forward(name: str, steps: int) -> float:
+    """A float64 forward of the model (no hooks, no gradient: what each shadow costs at least)
+    over a plain training step, medians, the two alternated."""
+    plain = _Run(name, None)
+    m64 = copy.deepcopy(plain.model).to(torch.float64)
+    a, b = [], []
+    for i in range(steps + 3):
+        pa = plain.step()
+        batch = {k: v.to(torch.float64) if v.is_floating_point() else v
+                 for k, v in plain.task.batch_at(0, i).items()}
+        t0 = time.perf_counter()
+        with torch.no_grad(), KeepFP64():
+            m64.loss(batch)
+        if i >= 3:
+            a.append(pa)
+            b.append(time.perf_counter() - t0)
+    return statistics.median(b) / statistics.median(a)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--models", nargs="+", default=["mlp", "tiny_lm", "tiny_dit"])
@@ -95,13 +117,13 @@ def main() -> None:
     args = ap.parse_args()
     torch.set_num_threads(1)
     print(f"{'model':10} {'plain ms':>9} " + " ".join(f"{k:>11}" for k in SETTINGS)
-          + f" {'unrecorded':>11}")
+          + f" {'unrecorded':>11} {'f64 fwd':>9}")
     for name in args.models:
         res = [_ratio(name, args.steps, s) for s in SETTINGS.values()]
         plain_ms = statistics.median(p for p, _, _ in res) * 1e3
         unrec = next((u for _, _, u in res if u is not None), float("nan"))
         print(f"{name:10} {plain_ms:9.2f} " + " ".join(f"{r:10.2f}x" for _, r, _ in res)
-              + f" {unrec:10.2f}x")
+              + f" {unrec:10.2f}x {_f64_forward(name, args.steps):8.2f}x")
     print("targets: disabled <= 1.02x, everything <= 1.3x (issue 14)")
 
 

@@ -74,7 +74,7 @@ def _x(step: int, big: float) -> torch.Tensor:
     return torch.full((4, 8), big if step == FAULT else 1e-3)
 
 
-def _train(make, big, every, micro=1, no_grad=False, parts=False):
+def _train(make, big, every, micro=1, no_grad=False, parts=False, autocast=False):
     """A few SGD steps of ``make()`` under watch(every=every), the fault at step FAULT (in the
     last micro-batch); returns (first_nonfinite, its inputs, parameters, their gradients, the
     CPU generator's state after the run, the warnings)."""
@@ -92,10 +92,8 @@ def _train(make, big, every, micro=1, no_grad=False, parts=False):
                     with torch.no_grad():
                         model(x)
                     continue
-                if parts:
-                    out = model.b(model.a(x))
-                else:
-                    out = model(x)
+                with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
+                    out = model.b(model.a(x)) if parts else model(x)
                 out.float().sum().backward()
             if not no_grad:
                 opt.step()
@@ -121,6 +119,8 @@ CASES = {
                              want=(FAULT, "2", "module", "output", "forward")),
     "backward NaN": dict(make=_bwd_nan, big=50.0,
                          want=(FAULT, "1", "module", "grad_input", "backward")),
+    "under bf16 autocast": dict(make=_fwd_overflow, big=2.0, autocast=True,
+                                want=(FAULT, "2", "module", "output", "forward")),
     "second micro-batch": dict(make=_fwd_overflow, big=2.0, micro=2,
                                want=(FAULT, "2", "module", "output", "forward")),
     "in-place, no backward": dict(make=lambda: nn.Sequential(

@@ -5,8 +5,9 @@ module call's inputs, outputs and gradients. On the steps in between (``every`` 
 was most of the watch's cost (1.6x a tiny model's step on CPU: Python per module call and per
 tensor). There the model carries only this sentinel, on the root module:
 
-* its forward pre-hook keeps what the forward needs to run again: a copy of its arguments and
-  the generator states it starts from (dropout draws the same mask);
+* its forward pre-hook keeps what the forward needs to run again: a copy of its arguments, the
+  generator states it starts from (dropout draws the same mask), the grad mode and the
+  autocast regions it runs in;
 * its forward hook reads the root's outputs (finite or not) and puts a hook on each one that
   needs a gradient: it keeps that gradient and queues one callback at the end of the backward,
   which reads the parameters' gradients (finite or not);
@@ -21,11 +22,13 @@ tensor). There the model carries only this sentinel, on the root module:
 What the sentinel cannot see, it cannot replay: a non-finite value that never reaches the
 root's outputs nor a parameter's gradient (produced and then masked, or flowing only into an
 input's gradient), and a forward that does not run again the same way (state kept outside the
-parameters and buffers, nondeterministic kernels). A replay that names nobody (the non-finite
+parameters and buffers or the grad and autocast modes, a TorchFunctionMode or dispatch mode
+of the user's around the forward, nondeterministic kernels). A replay that names nobody (the non-finite
 came with the data, from the loss, or from parameters already non-finite) warns.
 """
 from __future__ import annotations
 
+import contextlib
 import warnings
 from dataclasses import dataclass, field
 
@@ -53,6 +56,8 @@ class _Forward:
     args: tuple
     kwargs: dict
     rng: tuple
+    grad: bool                  # grad mode (some modules take another path without it)
+    autocast: tuple             # (device type, dtype) of each autocast region it ran in
     grads: dict = field(default_factory=dict)   # output index -> its gradient
 
 
@@ -88,8 +93,11 @@ class Sentinel:
         tel = self.tel
         if not tel.enabled or tel.busy:
             return
+        kinds = {"cpu"} | {k for k, _ in tel._devs}
+        amp = tuple((k, torch.get_autocast_dtype(k)) for k in sorted(kinds)
+                    if torch.is_autocast_enabled(k))
         self.log.append(_Forward(_copy_args(args), _copy_args(kwargs),
-                                 tel._rng_of(args, kwargs)))
+                                 tel._rng_of(args, kwargs), torch.is_grad_enabled(), amp))
 
     def _post(self, mod, args, kwargs, out):
         tel = self.tel
@@ -158,7 +166,10 @@ class Sentinel:
                     t.copy_(v)
             for entry in self.log:
                 tel._set_rng(entry.rng)
-                with torch.enable_grad():
+                with contextlib.ExitStack() as ctx:   # the live forward's grad and autocast
+                    ctx.enter_context(torch.set_grad_enabled(entry.grad))
+                    for kind, dtype in entry.autocast:
+                        ctx.enter_context(torch.autocast(kind, dtype=dtype))
                     out = tel.model(*entry.args, **entry.kwargs)
                 outs = tel._float_tensors(out)
                 pairs = [(outs[i], g) for i, g in entry.grads.items()

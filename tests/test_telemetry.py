@@ -569,3 +569,22 @@ def test_the_layer_shadow_draws_the_live_forwards_dropout_mask():
         b = plain(x, x, x, need_weights=False)[0]
         t.step()
     assert torch.equal(a, b)
+
+
+class _DataWrite(nn.Module):
+    def forward(self, x):
+        x.data.mul_(1e37)   # behind the version counter
+        return x
+
+
+def test_an_output_written_through_data_is_read_again_not_taken_from_the_step_memo():
+    model = nn.Sequential(nn.Linear(4, 4), _DataWrite(), nn.Linear(4, 1))
+    with torch.no_grad():
+        model[0].weight.fill_(10.0)
+        model[0].bias.zero_()
+    with torch.no_grad(), telemetry.watch(model) as t:
+        model(torch.ones(2, 4))   # 40 * 1e37 = inf in fp32
+        t.step()
+    nf = t.first_nonfinite()
+    assert nf == (0, "1", "module", "output", "forward")
+    assert nf.inputs["amax"] == pytest.approx(40.0)   # what it read before the write

@@ -5,7 +5,10 @@ without the replay: parameters, their gradients and the generators' states bitwi
 from __future__ import annotations
 
 import math
+import importlib
 import warnings
+from collections import namedtuple
+from dataclasses import dataclass
 
 import pytest
 import torch
@@ -74,9 +77,9 @@ def _x(step: int, big: float) -> torch.Tensor:
     return torch.full((4, 8), big if step == FAULT else 1e-3)
 
 
-def _train(make, big, every, micro=1, no_grad=False, parts=False, autocast=False):
+def _train(make, big, every, micro=1, no_grad=False, parts=False, autocast=False, body=None):
     """A few SGD steps of ``make()`` under watch(every=every), the fault at step FAULT (in the
-    last micro-batch); returns (first_nonfinite, its inputs, parameters, their gradients, the
+    last micro-batch; ``body(model, x)``: the step's own forward and backward); returns (first_nonfinite, its inputs, parameters, their gradients, the
     CPU generator's state after the run, the warnings)."""
     torch.manual_seed(0)
     model = make()
@@ -88,6 +91,9 @@ def _train(make, big, every, micro=1, no_grad=False, parts=False, autocast=False
             opt.zero_grad()
             for k in range(micro):
                 x = _x(step, big) if k == micro - 1 else _x(0, big)
+                if body is not None:
+                    body(model, x)
+                    continue
                 if no_grad:
                     with torch.no_grad():
                         model(x)
@@ -95,7 +101,7 @@ def _train(make, big, every, micro=1, no_grad=False, parts=False, autocast=False
                 with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
                     out = model.b(model.a(x)) if parts else model(x)
                 out.float().sum().backward()
-            if not no_grad:
+            if not no_grad and any(p.grad is not None for p in model.parameters()):
                 opt.step()
             torch.rand(3)   # the user's own draws after the forward: the replay keeps them
             if t is not None:
@@ -114,6 +120,48 @@ def _same(a, b) -> bool:
     return a.shape == b.shape and bool(((a == b) | (a.isnan() & b.isnan())).all())
 
 
+Batch = namedtuple("Batch", "x scale")
+
+
+class _Batched(nn.Module):
+    """Takes a namedtuple (the sentinel's copy rebuilds it from its fields)."""
+
+    def __init__(self):
+        super().__init__()
+        self.net = _fwd_overflow()
+
+    def forward(self, b):
+        return self.net(b.x * b.scale)
+
+
+def _eval_then_train(model, x):
+    """A validation forward in eval mode (the fault), then a training forward and backward
+    before the step ends: the replay needs the eval mode and BatchNorm's statistics as the
+    eval forward found them."""
+    model.eval()
+    with torch.no_grad():
+        model(x)
+    model.train()
+    model(_x(0, 0.0)).sum().backward()
+
+
+def _grad_loop(model, x):
+    """torch.autograd.grad instead of backward(): the parameters' .grad are set by hand."""
+    ps = list(model.parameters())
+    for p, g in zip(ps, torch.autograd.grad(model(x).sum(), ps), strict=True):
+        p.grad = g
+
+
+def _inference(model, x):
+    with torch.inference_mode():
+        model(x)
+
+
+def _boom_net():
+    return nn.Sequential(nn.Sequential(_eye(nn.Linear(8, 8), 1.0), InPlaceBoom()),
+                         nn.Linear(8, 1))
+
+
 CASES = {
     "forward overflow": dict(make=_fwd_overflow, big=2.0,
                              want=(FAULT, "2", "module", "output", "forward")),
@@ -123,9 +171,22 @@ CASES = {
                                 want=(FAULT, "2", "module", "output", "forward")),
     "second micro-batch": dict(make=_fwd_overflow, big=2.0, micro=2,
                                want=(FAULT, "2", "module", "output", "forward")),
-    "in-place, no backward": dict(make=lambda: nn.Sequential(
-        nn.Sequential(_eye(nn.Linear(8, 8), 1.0), InPlaceBoom()), nn.Linear(8, 1)),
-        big=100.0, no_grad=True, want=(FAULT, "0.1", "module", "output", "forward")),
+    "in-place, no backward": dict(make=_boom_net, big=100.0, no_grad=True,
+                                  want=(FAULT, "0.1", "module", "output", "forward")),
+    "in-place, inference mode": dict(make=_boom_net, big=100.0, body=_inference,
+                                     want=(FAULT, "0.1", "module", "output", "forward")),
+    "in-place on the root's argument, inference mode": dict(
+        make=lambda: nn.Sequential(InPlaceBoom(), nn.Linear(8, 1)), big=100.0, body=_inference,
+        want=(FAULT, "0", "module", "output", "forward")),
+    "a namedtuple argument": dict(make=_Batched, big=2.0,
+                                  body=lambda m, x: m(Batch(x, 1.0)).sum().backward(),
+                                  want=(FAULT, "net.2", "module", "output", "forward")),
+    "eval forward, then train (BatchNorm)": dict(
+        make=lambda: nn.Sequential(_eye(nn.Linear(8, 8), 100.0), nn.BatchNorm1d(8),
+                                   nn.Linear(8, 8), Exp(), nn.Dropout(0.3), nn.Linear(8, 4)),
+        big=2.0, body=_eval_then_train, want=(FAULT, "3", "module", "output", "forward")),
+    "torch.autograd.grad": dict(make=_bwd_nan, big=50.0, body=_grad_loop,
+                                want=(FAULT, "1", "module", "grad_input", "backward")),
 }
 
 
@@ -200,3 +261,63 @@ def test_steps_between_recorded_ones_carry_only_the_roots_sentinel():
     assert counts == [full, 2, 2, full, 2, 0, full]
     assert t.first_nonfinite()[0] == FAULT
     assert _hooks(model) == 0
+
+
+@dataclass
+class _Out:
+    y: torch.Tensor
+
+
+class _Opaque(nn.Module):
+    """Returns a dataclass: no tensor the sentinel can read."""
+
+    def __init__(self):
+        super().__init__()
+        self.net = _fwd_overflow()
+
+    def forward(self, x):
+        return _Out(self.net(x))
+
+
+def test_a_root_the_sentinel_cannot_read_keeps_the_full_check_with_a_warning():
+    sampled = _train(_Opaque, 2.0, every=3, body=lambda m, x: m(x).y.sum().backward())
+    assert sampled[0] == (FAULT, "net.2", "module", "output", "forward")
+    assert [w for w in sampled[5] if "outputs hold no tensor" in w]
+
+
+def test_several_ranks_keep_the_full_check(monkeypatch):
+    # a replay on one rank would wait on collectives the other ranks never join
+    watch_mod = importlib.import_module("numcheck.telemetry.watch")
+    monkeypatch.setattr(watch_mod, "_several_ranks", lambda: True)
+    model = _fwd_overflow()
+    with telemetry.watch(model, every=3) as t:
+        for step in range(3):
+            assert _hooks(model) == 2 * len(list(model.modules())), step
+            model(_x(step, 2.0)).sum().backward()
+            t.step()
+
+
+class _FailsOnReplay(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.net, self.calls = _fwd_overflow(), 0
+
+    def forward(self, x):
+        self.calls += 1
+        if self.calls == FAULT + 2:   # the replay of step FAULT: its forward's second run
+            raise RuntimeError("planted")
+        return self.net(x)
+
+
+def test_a_replay_that_fails_warns_and_the_run_goes_on():
+    torch.manual_seed(0)
+    model = _FailsOnReplay()
+    with warnings.catch_warnings(record=True) as caught, telemetry.watch(model, every=3) as t:
+        warnings.simplefilter("always")
+        for step in range(7):
+            model(_x(step, 2.0)).sum().backward()
+            t.step()
+    assert t.step_index == 7 and t.first_nonfinite() is None
+    assert [w for w in caught if "the replay of step 4 failed (RuntimeError: planted)"
+            in str(w.message)]
+    assert _hooks(model) == 0 and t.records().step.max() == 6   # steps 0, 3, 6 recorded

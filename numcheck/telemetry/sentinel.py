@@ -3,28 +3,36 @@
 On a recorded step every module carries the hooks of watch.py: the producer check reads each
 module call's inputs, outputs and gradients. On the steps in between (``every`` > 1) that check
 was most of the watch's cost (1.6x a tiny model's step on CPU: Python per module call and per
-tensor). There the model carries only this sentinel, on the root module:
+tensor). There the model carries only this sentinel:
 
-* its forward pre-hook keeps what the forward needs to run again: a copy of its arguments, the
-  generator states it starts from (dropout draws the same mask), the grad mode and the
-  autocast regions it runs in;
-* its forward hook reads the root's outputs (finite or not) and puts a hook on each one that
-  needs a gradient: it keeps that gradient and queues one callback at the end of the backward,
-  which reads the parameters' gradients (finite or not);
-* where anything read is not finite, the parameters and buffers are copied then (the values
-  the step's forward used: the optimizer has not run yet), and ``step()`` replays the step:
-  those values put back into the model for the replay, each forward run again from its own
-  arguments and generator states with watch.py's full hooks on, and its backward run from
-  the kept gradients of the root's outputs (``torch.autograd.grad``: the parameters' ``.grad``
-  are not touched). The replay names the producer as the full check would have on the live
-  step; the model's values and the generator states are put back afterwards.
+* the root's forward pre-hook keeps what the forward needs to run again: a copy of its
+  arguments, the generator states it starts from (dropout draws the same mask), the grad,
+  inference and autocast modes it runs in, each module's train/eval mode, and a copy of the
+  buffers as it finds them (a forward that writes them, BatchNorm's statistics or a delayed
+  scaling's amax history, must find them again);
+* the root's forward hook reads the root's outputs (finite or not) and puts a hook on each one
+  that needs a gradient: it keeps that gradient and queues one callback for the end of the
+  backward; a hook on each parameter reads its gradient as the backward makes it;
+* at the end of a backward (before the optimizer) where anything read is not finite, the
+  parameters and buffers are copied, and ``step()`` replays the step: those values put back
+  into the model, each forward run again from what its pre-hook kept with watch.py's full hooks
+  on, and its backward run from the kept gradients of the root's outputs
+  (``torch.autograd.grad``: the parameters' ``.grad`` are not touched). The replay names the
+  producer as the full check would have on the live step; the model's values, modes and the
+  generator states are put back afterwards.
 
 What the sentinel cannot see, it cannot replay: a non-finite value that never reaches the
 root's outputs nor a parameter's gradient (produced and then masked, or flowing only into an
-input's gradient), and a forward that does not run again the same way (state kept outside the
-parameters and buffers or the grad and autocast modes, a TorchFunctionMode or dispatch mode
-of the user's around the forward, nondeterministic kernels). A replay that names nobody (the non-finite
-came with the data, from the loss, or from parameters already non-finite) warns.
+input's gradient), a module called outside the root's forward. A forward that does not run
+again the same way replays wrong: state outside the parameters and buffers (a counter in a
+Python attribute), arguments inside objects other than tuples, lists and dicts (a dataclass:
+not copied), a TorchFunctionMode or dispatch mode of the user's around the forward,
+nondeterministic kernels. The replay runs the user's code again: forward hooks, tensor hooks
+and Python state of the modules see one more forward and backward. A replay that names nobody
+warns (the non-finite came with the data or from the loss, or the parameters were already
+non-finite). Where the sentinel cannot work at all (a root whose outputs hold no tensor, a
+process group of several ranks, where a replay on one rank would wait on collectives the
+others never join, a hook that fails), watch.py keeps the full hooks on every step.
 """
 from __future__ import annotations
 
@@ -35,18 +43,14 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 
+from ._structs import map_tensors, tensors
 
-def _copy_args(obj):
-    """A copy of an argument structure whose tensors are detached copies (a tensor that
-    needed a gradient needs one again: the replay's backward reaches it)."""
-    if isinstance(obj, torch.Tensor):
-        c = obj.detach().clone()
-        return c.requires_grad_() if obj.requires_grad and c.is_floating_point() else c
-    if isinstance(obj, (tuple, list)):
-        return type(obj)(_copy_args(o) for o in obj)
-    if isinstance(obj, dict):
-        return {k: _copy_args(v) for k, v in obj.items()}
-    return obj
+
+def _copy(t: torch.Tensor) -> torch.Tensor:
+    """A detached copy (one that needed a gradient needs one again: the replay's backward
+    reaches it)."""
+    c = t.detach().clone()
+    return c.requires_grad_() if t.requires_grad and c.is_floating_point() else c
 
 
 @dataclass
@@ -56,13 +60,16 @@ class _Forward:
     args: tuple
     kwargs: dict
     rng: tuple
-    grad: bool                  # grad mode (some modules take another path without it)
+    grad: bool
+    inference: bool
     autocast: tuple             # (device type, dtype) of each autocast region it ran in
+    training: list              # each module's mode, in Telemetry._names' order
+    buffers: dict               # name -> the buffer as the forward found it
     grads: dict = field(default_factory=dict)   # output index -> its gradient
 
 
 class Sentinel:
-    """The root's sentinel hooks of a Telemetry ``tel`` (watch.Telemetry) for one step."""
+    """The sentinel hooks of a Telemetry ``tel`` (watch.Telemetry) for one step."""
 
     def __init__(self, tel) -> None:
         self.tel = tel
@@ -71,10 +78,16 @@ class Sentinel:
         self.snapshot: list[tuple[torch.Tensor, torch.Tensor]] | None = None
         self.queued = False
         self.handles: list = []
+        self.broken: str | None = None   # why it cannot work for this model: full hooks
 
     def attach(self, root: nn.Module) -> None:
-        self.handles.append(root.register_forward_pre_hook(self._pre, with_kwargs=True))
-        self.handles.append(root.register_forward_hook(self._post, with_kwargs=True))
+        self.handles.append(root.register_forward_pre_hook(self._guard(self._pre),
+                                                           with_kwargs=True))
+        self.handles.append(root.register_forward_hook(self._guard(self._post),
+                                                       with_kwargs=True))
+        for p in root.parameters():
+            if p.requires_grad:
+                self.handles.append(p.register_hook(self._guard(self._param_grad)))
 
     def detach(self) -> None:
         for h in self.handles:
@@ -87,46 +100,79 @@ class Sentinel:
         self.snapshot = None
         self.queued = False
 
+    def give_up(self, why: str) -> None:
+        """Stop the sentinel for this watch (watch.py arms the full hooks from the next
+        step on) and say why, once."""
+        if self.broken is None:
+            self.broken = why
+            warnings.warn(f"numcheck.telemetry: {why}; the full producer check runs on every "
+                          "step instead (its cost: docs/telemetry.md)", RuntimeWarning,
+                          stacklevel=4)
+
+    def _guard(self, hook):
+        """A hook that never raises into the user's step: a failure gives the sentinel up."""
+        def guarded(*a):
+            if self.broken is not None or not self.tel.enabled or self.tel.busy:
+                return None
+            try:
+                hook(*a)
+            except Exception as exc:  # noqa: BLE001 - the user's run goes on without us
+                self.give_up(f"the sentinel failed ({type(exc).__name__}: {exc})")
+            return None
+        return guarded
+
     # ---- hooks ---------------------------------------------------------------------------
 
-    def _pre(self, mod, args, kwargs):
+    def _pre(self, mod, args, kwargs) -> None:
         tel = self.tel
-        if not tel.enabled or tel.busy:
-            return
         kinds = {"cpu"} | {k for k, _ in tel._devs}
         amp = tuple((k, torch.get_autocast_dtype(k)) for k in sorted(kinds)
                     if torch.is_autocast_enabled(k))
-        self.log.append(_Forward(_copy_args(args), _copy_args(kwargs),
-                                 tel._rng_of(args, kwargs), torch.is_grad_enabled(), amp))
+        # every buffer, as this forward found it: BatchNorm updates its running statistics
+        # in the kernel, without a version bump, so what a forward writes cannot be told
+        bufs = {n: b.detach().clone() for n, b in mod.named_buffers()}
+        self.log.append(_Forward(
+            map_tensors(args, _copy), map_tensors(kwargs, _copy), tel._rng_of(args, kwargs),
+            torch.is_grad_enabled(), torch.is_inference_mode_enabled(), amp,
+            [m.training for m in tel._names], bufs))
 
-    def _post(self, mod, args, kwargs, out):
-        tel = self.tel
-        if not tel.enabled or tel.busy or not self.log:
+    def _post(self, mod, args, kwargs, out) -> None:
+        if not self.log:
             return
         entry = self.log[-1]
-        outs = tel._float_tensors(out)
-        self.flags.append(tel._all_finite(outs))
+        outs = tensors(out)
+        if not outs:
+            self.give_up("the root module's outputs hold no tensor the sentinel can read "
+                         f"({type(out).__name__})")
+            return
+        self.flags.append(self.tel._all_finite(outs))
         if torch.is_grad_enabled():
             for i, o in enumerate(outs):
                 if o.requires_grad:
-                    tel._keep(o, o.register_hook(self._grad(entry, i)))
+                    self.tel._keep(o, o.register_hook(self._guard(self._out_grad(entry, i))))
 
-    def _grad(self, entry: _Forward, i: int):
+    def _out_grad(self, entry: _Forward, i: int):
         def hook(grad):
-            if not self.tel.enabled or self.tel.busy:
-                return None
-            entry.grads[i] = grad.detach()
-            if not self.queued:
-                self.queued = True
-                torch.autograd.Variable._execution_engine.queue_callback(self._end_of_backward)
-            return None
+            g = grad.detach()
+            # a second backward through the same output (retain_graph) adds to the first
+            entry.grads[i] = g if i not in entry.grads else entry.grads[i] + g
+            self._queue()
         return hook
 
+    def _param_grad(self, grad) -> None:
+        self.flags.append(self.tel._all_finite([grad]))
+        self._queue()
+
+    def _queue(self) -> None:
+        if not self.queued:
+            self.queued = True
+            torch.autograd.Variable._execution_engine.queue_callback(
+                self._guard(self._end_of_backward))
+
     def _end_of_backward(self) -> None:
-        """After the backward, before the optimizer: the parameters' gradients, read."""
+        """After the backward, before the optimizer: the parameters as the forward used them
+        are copied where anything read was not finite."""
         self.queued = False
-        self.flags.append(self.tel._all_finite(
-            [p.grad for p in self.tel.model.parameters() if p.grad is not None]))
         if self.snapshot is None and not self.settled():
             self._freeze()
 
@@ -142,54 +188,63 @@ class Sentinel:
         return ok
 
     def _freeze(self) -> None:
-        if self.snapshot is None:
-            m = self.tel.model
-            with torch.no_grad():
-                self.snapshot = [(t, t.detach().clone())
-                                 for t in (*m.parameters(), *m.buffers())]
+        m = self.tel.model
+        with torch.no_grad():
+            self.snapshot = [(t, t.detach().clone()) for t in (*m.parameters(), *m.buffers())]
 
     def due(self) -> bool:
         """Whether this step needs a replay (a forward-only step is read here)."""
-        if self.snapshot is None and self.log and not self.settled():
+        if self.broken is None and self.snapshot is None and self.log and not self.settled():
             self._freeze()
         return self.snapshot is not None
 
     def replay(self) -> None:
         """Run the step's forwards and backwards again with the full hooks on (``tel`` has
-        attached them), from the frozen parameter values; then put everything back."""
+        attached them), from the frozen values; then put everything back."""
         tel = self.tel
+        modules = list(tel._names)
         after = tel._rng_of(*(f.args for f in self.log))
         now = [(t, t.detach().clone()) for t, _ in self.snapshot]
+        modes = [m.training for m in modules]
         try:
             with torch.no_grad():
                 for t, v in self.snapshot:
                     t.copy_(v)
             for entry in self.log:
-                tel._set_rng(entry.rng)
-                with contextlib.ExitStack() as ctx:   # the live forward's grad and autocast
-                    ctx.enter_context(torch.set_grad_enabled(entry.grad))
-                    for kind, dtype in entry.autocast:
-                        ctx.enter_context(torch.autocast(kind, dtype=dtype))
-                    out = tel.model(*entry.args, **entry.kwargs)
-                outs = tel._float_tensors(out)
-                pairs = [(outs[i], g) for i, g in entry.grads.items()
-                         if i < len(outs) and outs[i].requires_grad]
-                leaves = [p for p in tel.model.parameters() if p.requires_grad] + \
-                    [a for a in tel._float_tensors((entry.args, entry.kwargs))
-                     if a.requires_grad]
-                if pairs and leaves:
-                    torch.autograd.grad([o for o, _ in pairs], leaves, [g for _, g in pairs],
-                                        allow_unused=True)
+                self._run(entry, modules)
         finally:
             with torch.no_grad():
                 for t, v in now:
                     t.copy_(v)
+            for m, mode in zip(modules, modes, strict=True):
+                m.training = mode
             tel._set_rng(after)
+
+    def _run(self, entry: _Forward, modules: list[nn.Module]) -> None:
+        tel = self.tel
+        for m, mode in zip(modules, entry.training, strict=True):
+            m.training = mode
+        with torch.no_grad():
+            for n, v in entry.buffers.items():
+                tel.model.get_buffer(n).copy_(v)
+        tel._set_rng(entry.rng)
+        with contextlib.ExitStack() as ctx:   # the live forward's modes
+            ctx.enter_context(torch.inference_mode(entry.inference))
+            ctx.enter_context(torch.set_grad_enabled(entry.grad))
+            for kind, dtype in entry.autocast:
+                ctx.enter_context(torch.autocast(kind, dtype=dtype))
+            outs = tensors(tel.model(*entry.args, **entry.kwargs))
+        pairs = [(outs[i], g) for i, g in entry.grads.items()
+                 if i < len(outs) and outs[i].requires_grad]
+        leaves = [p for p in tel.model.parameters() if p.requires_grad] + \
+            [a for a in tensors((entry.args, entry.kwargs)) if a.requires_grad]
+        if pairs and leaves:
+            torch.autograd.grad([o for o, _ in pairs], leaves, [g for _, g in pairs],
+                                allow_unused=True)
 
     def named_nobody(self, step: int) -> None:
         warnings.warn(
             f"numcheck.telemetry: step {step} (not recorded: every={self.tel.every}) produced "
             "a non-finite value, and its replay named no producer: it came with the data, from "
             "the loss or from non-finite parameters, or the step does not replay the same way "
-            "(state outside the parameters and buffers, nondeterministic kernels)",
-            RuntimeWarning, stacklevel=3)
+            "(docs/telemetry.md)", RuntimeWarning, stacklevel=3)

@@ -43,6 +43,8 @@ from torch.overrides import TorchFunctionMode
 from ..errors import UsageError
 from ..quant.recipe import QuantRecipe, get_recipe
 from . import fields
+from ._structs import map_tensors
+from ._structs import tensors as _tensors
 from .sentinel import Sentinel
 
 ROLES = ("input", "weight", "output", "grad_output", "grad_input", "grad_weight")
@@ -91,17 +93,6 @@ def _weight(m: nn.Module) -> torch.Tensor | None:
     return w if isinstance(w, torch.Tensor) else None
 
 
-def _tensors(obj) -> list[torch.Tensor]:
-    """Floating tensors in an argument structure (tensors, tuples, lists, dict values)."""
-    if isinstance(obj, torch.Tensor):
-        return [obj] if obj.is_floating_point() else []
-    if isinstance(obj, (tuple, list)):
-        return [t for o in obj for t in _tensors(o)]
-    if isinstance(obj, dict):
-        return [t for o in obj.values() for t in _tensors(o)]
-    return []
-
-
 def _own_params(m: nn.Module) -> list[torch.Tensor]:
     """m.parameters(recurse=False) that are floating point (read from ``_parameters``: a
     quarter of the generator's cost, once per module call)."""
@@ -110,13 +101,9 @@ def _own_params(m: nn.Module) -> list[torch.Tensor]:
 
 
 def _to64(obj):
-    if isinstance(obj, torch.Tensor):
-        return obj.detach().to(torch.float64) if obj.is_floating_point() else obj
-    if isinstance(obj, (tuple, list)):
-        return type(obj)(_to64(o) for o in obj)
-    if isinstance(obj, dict):
-        return {k: _to64(v) for k, v in obj.items()}
-    return obj
+    """A float64 detached copy of an argument structure's floating tensors."""
+    return map_tensors(obj, lambda t: t.detach().to(torch.float64) if t.is_floating_point()
+                       else t)
 
 
 _FAST: dict = {}  # "module": numcheck.telemetry._stats_cpu, or None (numba missing or failed)
@@ -196,6 +183,13 @@ def _and(a, b):
 def _and_not(a, b):
     """a and not b."""
     return _and(a, (not b) if isinstance(b, bool) else ~b)
+
+
+def _several_ranks() -> bool:
+    """A process group of more than one rank is up: a replay on one rank alone would wait on
+    collectives (DDP's buffer broadcast, FSDP's all-gathers) the others never join."""
+    dist = torch.distributed
+    return dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
 
 
 def _same_modes(live: nn.Module, copy64: nn.Module) -> None:
@@ -417,9 +411,19 @@ class Telemetry:
         """Mark the end of a step: its statistics are read back to the host here, once (and a
         step ``every`` skipped is replayed with the full hooks where its sentinel saw a
         non-finite value: numcheck/telemetry/sentinel.py)."""
+        self._exit_mode()   # a forward that raised left the op mode on
+        self._stack.clear()
         replayed = self._armed == "sentinel" and self._sentinel.due()
         if replayed:
-            self._replay()
+            try:
+                self._replay()
+            except Exception as exc:  # noqa: BLE001 - a diagnostic: the user's run goes on
+                replayed = False
+                self._acc.clear()
+                self._events.clear()
+                warnings.warn(f"numcheck.telemetry: the replay of step {self.step_index} "
+                              f"failed ({type(exc).__name__}: {exc}); no producer named for "
+                              "it", RuntimeWarning, stacklevel=2)
         if self._acc or self._events:
             self._flush()
         if replayed and self._first is None:
@@ -456,9 +460,11 @@ class Telemetry:
     def _arm(self) -> None:
         """Put on the hooks this step needs: all of them on a recorded step, and on every step
         until a root forward has run under them (the sentinel watches the root's forward:
-        a model whose root is never called keeps the full check); the root's sentinel on the
-        steps in between while no producer is named; none once one is."""
-        if self.step_index % self.every == 0 or (self._first is None and not self._root_seen):
+        a model whose root is never called keeps the full check), and on every step where the
+        sentinel cannot work (sentinel.py: it gave up, or several ranks); the root's sentinel
+        on the steps in between while no producer is named; none once one is."""
+        if self.step_index % self.every == 0 or (self._first is None and not (
+                self._root_seen and self._sentinel.broken is None and not _several_ranks())):
             want = "full"
         else:
             want = "sentinel" if self._first is None else "off"
@@ -495,7 +501,6 @@ class Telemetry:
             self._drop_leaf_hooks()
 
     # for numcheck/telemetry/sentinel.py
-    _float_tensors = staticmethod(_tensors)
     _set_rng = staticmethod(_set_rng_states)
 
     def _rng_of(self, *objs) -> tuple:
@@ -559,7 +564,10 @@ class Telemetry:
                     if self._checking() and outs:
                         if pre is not None:
                             ok, vec = pre
-                            fin, _ = self._observe(outs, stats=False, full=rec)
+                            # an output that is one of the inputs is read again: a write
+                            # through .data changes it behind its version counter
+                            fin, _ = self._observe(outs, stats=False, full=rec,
+                                                   fresh={id(t) for t in ins})
                             self._event(name, op or "module", "output", "forward",
                                         _and_not(ok, fin), vec)
                         else:
@@ -742,19 +750,21 @@ class Telemetry:
             self._vec = fields.Vectors(like.device)
         return self._vec
 
-    def _pass(self, t: torch.Tensor, full: bool) -> list[float] | None:
+    def _pass(self, t: torch.Tensor, full: bool, fresh: bool = False) -> list[float] | None:
         """t's plain fields from the compiled pass (None: not a CPU tensor the pass takes),
         computed once per step: a tensor met again (one module's output is the next one's
         input, a container's input its first child's) takes the fields stored for it, while
         it is the same object with the same version, storage and forward pass (a parameter's
         ``.data`` can be written behind its version counter, between forwards: the optimizer's
-        step); the integer pass's fields (sum_sq NaN) do not answer ``full``."""
+        step); the integer pass's fields (sum_sq NaN) do not answer ``full``; ``fresh``: read
+        it again (and store that)."""
         e = self._memo.get(id(t))
         try:
             tag = (t._version, t.data_ptr(), self._forwards)
         except RuntimeError:   # an inference tensor keeps no version counter: no memo
             return _host_plain(t, full)
-        if e is not None and e[1] == tag and e[0]() is t and (not full or e[2][7] == e[2][7]):
+        if not fresh and e is not None and e[1] == tag and e[0]() is t and \
+                (not full or e[2][7] == e[2][7]):
             return e[2]
         p = _host_plain(t, full)
         if p is not None:
@@ -776,20 +786,22 @@ class Telemetry:
             ok = _and(ok, torch.isfinite(t.detach()).all() if f is None else f)
         return ok
 
-    def _observe(self, ts: list[torch.Tensor], stats: bool = True, full: bool = False):
+    def _observe(self, ts: list[torch.Tensor], stats: bool = True, full: bool = False,
+                 fresh: set = frozenset()):
         """(all of ts finite, their plain statistics combined) for the producer check: a flag
         (bool, or a device tensor) and a vector (host list of fields.PLAIN, device vector, or
         None for no tensors; ``stats=False``: None, unless the CPU pass gave it anyway). CPU
         tensors take the compiled pass (``_pass``); the others the torch route on their
         device. On CPU only the integer pass runs (sum_sq NaN: NonFinite.inputs does not
-        show it) unless ``full``: the hook records these tensors next."""
+        show it) unless ``full``: the hook records these tensors next. Tensors whose id is in
+        ``fresh`` are read again, not taken from the step's memo."""
         ok, vec = True, None
         for t in ts:
             if t.numel() == 0:   # nothing to read: finite, identity statistics
                 if stats and vec is None:
                     vec = list(fields.PLAIN_IDENTITY)
                 continue
-            p = self._pass(t, full)
+            p = self._pass(t, full, id(t) in fresh)
             if p is not None:
                 ok = _and(ok, p[2] + p[3] == 0)   # no NaN, no Inf
                 s = p

@@ -12,7 +12,8 @@ tensor). There the model carries only this sentinel:
   scaling's amax history, must find them again);
 * the root's forward hook reads the root's outputs (finite or not) and puts a hook on each one
   that needs a gradient: it keeps that gradient and queues one callback for the end of the
-  backward; a hook on each parameter reads its gradient as the backward makes it;
+  backward; a hook on each parameter keeps its gradient as the backward makes it, for the
+  callback to read;
 * at the end of a backward (before the optimizer) where anything read is not finite, the
   parameters and buffers are copied, and ``step()`` replays the step: those values put back
   into the model, each forward run again from what its pre-hook kept with watch.py's full hooks
@@ -78,9 +79,14 @@ class Sentinel:
         self.snapshot: list[tuple[torch.Tensor, torch.Tensor]] | None = None
         self.queued = False
         self.handles: list = []
+        self.pending: list[torch.Tensor] = []
+        self.buffer_names: list[str] = []   # parameter gradients, read at the backward's end
         self.broken: str | None = None   # why it cannot work for this model: full hooks
 
     def attach(self, root: nn.Module) -> None:
+        # names, not objects: a forward may put a new tensor under a buffer's name; read at
+        # arming (once every ``every`` steps), not per forward (named_buffers walks the model)
+        self.buffer_names = [n for n, _ in root.named_buffers()]
         self.handles.append(root.register_forward_pre_hook(self._guard(self._pre),
                                                            with_kwargs=True))
         self.handles.append(root.register_forward_hook(self._guard(self._post),
@@ -97,6 +103,7 @@ class Sentinel:
     def clear(self) -> None:
         self.log.clear()
         self.flags.clear()
+        self.pending.clear()
         self.snapshot = None
         self.queued = False
 
@@ -130,7 +137,7 @@ class Sentinel:
                     if torch.is_autocast_enabled(k))
         # every buffer, as this forward found it: BatchNorm updates its running statistics
         # in the kernel, without a version bump, so what a forward writes cannot be told
-        bufs = {n: b.detach().clone() for n, b in mod.named_buffers()}
+        bufs = {n: mod.get_buffer(n).detach().clone() for n in self.buffer_names}
         self.log.append(_Forward(
             map_tensors(args, _copy), map_tensors(kwargs, _copy), tel._rng_of(args, kwargs),
             torch.is_grad_enabled(), torch.is_inference_mode_enabled(), amp,
@@ -160,7 +167,7 @@ class Sentinel:
         return hook
 
     def _param_grad(self, grad) -> None:
-        self.flags.append(self.tel._all_finite([grad]))
+        self.pending.append(grad)   # read together at the end: a quarter of the cost
         self._queue()
 
     def _queue(self) -> None:
@@ -173,6 +180,8 @@ class Sentinel:
         """After the backward, before the optimizer: the parameters as the forward used them
         are copied where anything read was not finite."""
         self.queued = False
+        self.flags.append(self.tel._all_finite(self.pending))
+        self.pending.clear()
         if self.snapshot is None and not self.settled():
             self._freeze()
 

@@ -472,12 +472,16 @@ class Telemetry:
             return
         self._detach()
         if want == "full":
-            for m, name in self._names.items():
-                self._attach(m, name, self._ops[m], m is self.model)
+            self._attach_full()
         elif want == "sentinel":
             self._devs = _devices(self.model)
             self._sentinel.attach(self.model)
         self._armed = want
+
+    def _attach_full(self) -> None:
+        for m, name in self._names.items():
+            self._attach(m, name, self._ops[m], m is self.model)
+        self._armed = "full"
 
     def _detach(self) -> None:
         for h in self._handles:
@@ -490,9 +494,7 @@ class Telemetry:
         """The sentinel's replay of this step under the full hooks (checking, not recording:
         the step is not a recorded one)."""
         self._detach()
-        for m, name in self._names.items():
-            self._attach(m, name, self._ops[m], m is self.model)
-        self._armed = "full"
+        self._attach_full()
         try:
             self._sentinel.replay()
         finally:

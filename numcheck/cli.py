@@ -554,6 +554,9 @@ def _report(args: argparse.Namespace) -> int:
               _arg("--shadow", action="store_true",
                    help="float64 shadows: each layer's own error and the accumulated one"),
               _arg("--steps", type=int, default=5),
+              _arg("--every", type=int, default=1, metavar="N",
+                   help="record statistics on every N-th step; the producer check covers "
+                        "every step (default: %(default)s)"),
               _arg("--merge", nargs="+", default=None, metavar="PARQUET",
                    help="merge per-rank telemetry files instead of running a model"),
               _arg("--out", default="results/telemetry",
@@ -576,7 +579,7 @@ def _inspect(args: argparse.Namespace) -> int:
         frame = ins.merge_files(args.merge)
     else:
         t = ins.run(args.model, recipe=args.recipe, what_if=tuple(args.what_if),
-                    shadow=args.shadow, steps=args.steps)
+                    shadow=args.shadow, steps=args.steps, every=args.every)
         frame, where = t.records(), t.first_nonfinite()
     frame.to_parquet(out / "telemetry.parquet", index=False)
     print(ins.table(frame))

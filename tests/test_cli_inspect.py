@@ -111,3 +111,15 @@ def test_inspect_usage_errors(capsys):
 @pytest.fixture(autouse=True)
 def _cwd(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
+
+
+def test_inspect_every_n_records_sampled_steps_and_still_names_the_producer(tmp_path, capsys,
+                                                                           monkeypatch):
+    (tmp_path / "overflowing.py").write_text(OVERFLOW)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    # step 2 is not recorded at --every 3: the sentinel sees it and its replay names the layer
+    assert cli.main(["inspect", "--model", "overflowing:make", "--steps", "4", "--every", "3",
+                     "--out", str(tmp_path / "o")]) == 1
+    text = capsys.readouterr().out
+    assert "first non-finite producer: step 2, act (module), output in the forward pass" in text
+    assert set(pd.read_parquet(tmp_path / "o" / "telemetry.parquet")["step"]) == {0}

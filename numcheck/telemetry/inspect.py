@@ -41,12 +41,13 @@ def load(ref: str, seed: int = 0):
 
 
 def run(ref: str, *, recipe=None, what_if=(), shadow: bool = False, steps: int = 5,
-        seed: int = 0) -> Telemetry:
-    """Train ``ref`` for ``steps`` steps under ``watch``; a step whose loss is not finite ends
-    the run (the first non-finite producer is what a reader wants then)."""
+        seed: int = 0, every: int = 1) -> Telemetry:
+    """Train ``ref`` for ``steps`` steps under ``watch`` (statistics on every ``every``-th);
+    a step whose loss is not finite ends the run (the first non-finite producer is what a
+    reader wants then)."""
     model, task, lr = load(ref, seed)
     opt = torch.optim.AdamW(model.parameters(), lr=lr)
-    with watch(model, recipe=recipe, shadow=shadow, what_if=what_if) as t:
+    with watch(model, recipe=recipe, shadow=shadow, what_if=what_if, every=every) as t:
         for step in range(steps):
             loss = model.loss(task.batch_at(seed, step))
             opt.zero_grad(set_to_none=True)

@@ -321,3 +321,70 @@ def test_a_replay_that_fails_warns_and_the_run_goes_on():
     assert [w for w in caught if "the replay of step 4 failed (RuntimeError: planted)"
             in str(w.message)]
     assert _hooks(model) == 0 and t.records().step.max() == 6   # steps 0, 3, 6 recorded
+
+
+def test_a_fault_on_the_first_unrecorded_step_of_an_unreadable_root_is_named():
+    torch.manual_seed(0)
+    model = _Opaque()
+    with warnings.catch_warnings(record=True), telemetry.watch(model, every=3) as t:
+        for step in range(3):
+            model(_x(step + FAULT - 1, 2.0)).y.sum().backward()   # the fault at step 1
+            t.step()
+    assert t.first_nonfinite() == (1, "net.2", "module", "output", "forward")
+
+
+def test_a_loop_that_stops_on_a_nan_loss_before_step_still_gets_its_replay():
+    torch.manual_seed(0)
+    model = _fwd_overflow()
+    with telemetry.watch(model, every=3) as t:
+        for step in range(7):
+            loss = model(_x(step, 2.0)).sum()
+            if not torch.isfinite(loss):
+                break   # no t.step(): close() ends the step
+            loss.backward()
+            t.step()
+    assert t.first_nonfinite() == (FAULT, "2", "module", "output", "forward")
+
+
+class _LastBatch(nn.Module):
+    """Keeps the last batch in a buffer whose shape follows the batch."""
+
+    def __init__(self):
+        super().__init__()
+        self.net = _fwd_overflow()
+        self.register_buffer("last", torch.zeros(4, 8))
+
+    def forward(self, x):
+        y = self.net(x) + self.last.sum() * 0
+        self.last = x.detach().clone()
+        return y
+
+
+def test_a_buffer_replaced_by_one_of_another_shape_replays():
+    torch.manual_seed(0)
+    model = _LastBatch()
+    with telemetry.watch(model, every=3) as t:
+        for step in range(6):
+            rows = 6 if step == FAULT - 1 else 4
+            model(torch.full((rows, 8), 2.0 if step == FAULT else 1e-3)).sum().backward()
+            t.step()
+    assert t.first_nonfinite() == (FAULT, "net.2", "module", "output", "forward")
+    assert model.last.shape == (4, 8)
+
+
+@pytest.mark.parametrize("every", [1, 3])
+def test_a_layer_unfrozen_after_arming_is_watched(every):
+    torch.manual_seed(0)
+    model = _bwd_nan()
+    model[0].requires_grad_(False)
+    with telemetry.watch(model, every=every) as t:
+        for step in range(6):
+            if step == FAULT:
+                model[0].requires_grad_(True)
+                model[4].requires_grad_(False)
+            model(_x(step, 50.0)).sum().backward()
+            t.step()
+    assert t.first_nonfinite() == (FAULT, "1", "module", "grad_input", "backward")
+    if every == 1:   # the weight's gradient hook came with it: its row at step FAULT
+        rows = t.records().query("module == '0' and role == 'grad_weight'")
+        assert list(rows.step) == [FAULT, FAULT + 1]

@@ -54,6 +54,16 @@ def _copy(t: torch.Tensor) -> torch.Tensor:
     return c.requires_grad_() if t.requires_grad and c.is_floating_point() else c
 
 
+def _set_buffer(root: nn.Module, name: str, value: torch.Tensor | None) -> None:
+    """Put ``value`` under a buffer's dotted name (None: remove it)."""
+    path, _, leaf = name.rpartition(".")
+    owner = root.get_submodule(path)
+    if value is None:
+        owner._buffers.pop(leaf, None)
+    else:
+        owner._buffers[leaf] = value
+
+
 @dataclass
 class _Forward:
     """One forward of the root in this step: what it takes to run it again."""
@@ -79,26 +89,36 @@ class Sentinel:
         self.snapshot: list[tuple[torch.Tensor, torch.Tensor]] | None = None
         self.queued = False
         self.handles: list = []
+        self.param_handles: list = []
+        self.params: tuple = ()
         self.pending: list[torch.Tensor] = []
         self.buffer_names: list[str] = []   # parameter gradients, read at the backward's end
         self.broken: str | None = None   # why it cannot work for this model: full hooks
 
     def attach(self, root: nn.Module) -> None:
         # names, not objects: a forward may put a new tensor under a buffer's name; read at
-        # arming (once every ``every`` steps), not per forward (named_buffers walks the model)
+        # arming, not per forward (named_buffers walks the model)
         self.buffer_names = [n for n, _ in root.named_buffers()]
         self.handles.append(root.register_forward_pre_hook(self._guard(self._pre),
                                                            with_kwargs=True))
         self.handles.append(root.register_forward_hook(self._guard(self._post),
                                                        with_kwargs=True))
-        for p in root.parameters():
-            if p.requires_grad:
-                self.handles.append(p.register_hook(self._guard(self._param_grad)))
+        self._hook_params()
+
+    def _hook_params(self) -> None:
+        """A hook on each parameter that needs a gradient (again at a root forward where that
+        set changed: a layer unfrozen, a parameter replaced)."""
+        for h in self.param_handles:
+            h.remove()
+        self.param_handles = [p.register_hook(self._guard(self._param_grad))
+                              for p in self.tel.model.parameters() if p.requires_grad]
+        self.params = self.tel._params_key()
 
     def detach(self) -> None:
-        for h in self.handles:
+        for h in (*self.handles, *self.param_handles):
             h.remove()
         self.handles.clear()
+        self.param_handles.clear()
 
     def clear(self) -> None:
         self.log.clear()
@@ -132,6 +152,8 @@ class Sentinel:
 
     def _pre(self, mod, args, kwargs) -> None:
         tel = self.tel
+        if tel._params_key() != self.params:
+            self._hook_params()
         kinds = {"cpu"} | {k for k, _ in tel._devs}
         amp = tuple((k, torch.get_autocast_dtype(k)) for k in sorted(kinds)
                     if torch.is_autocast_enabled(k))
@@ -197,15 +219,16 @@ class Sentinel:
         return ok
 
     def _freeze(self) -> None:
-        m = self.tel.model
+        """The parameters' values now (the buffers each forward found are in its entry)."""
         with torch.no_grad():
-            self.snapshot = [(t, t.detach().clone()) for t in (*m.parameters(), *m.buffers())]
+            self.snapshot = [(p, p.detach().clone()) for p in self.tel.model.parameters()]
 
     def due(self) -> bool:
-        """Whether this step needs a replay (a forward-only step is read here)."""
+        """Whether this step needs a replay (a forward-only step is read here): something
+        read was not finite and a root forward was seen to run again."""
         if self.broken is None and self.snapshot is None and self.log and not self.settled():
             self._freeze()
-        return self.snapshot is not None
+        return self.snapshot is not None and bool(self.log)
 
     def replay(self) -> None:
         """Run the step's forwards and backwards again with the full hooks on (``tel`` has
@@ -214,6 +237,9 @@ class Sentinel:
         modules = list(tel._names)
         after = tel._rng_of(*(f.args for f in self.log))
         now = [(t, t.detach().clone()) for t, _ in self.snapshot]
+        # buffers by name, object and value: a forward may put a new tensor (of another
+        # shape) under a name; the model gets back the very objects, with their values
+        bufs = {n: (b, b.detach().clone()) for n, b in tel.model.named_buffers()}
         modes = [m.training for m in modules]
         try:
             with torch.no_grad():
@@ -225,6 +251,11 @@ class Sentinel:
             with torch.no_grad():
                 for t, v in now:
                     t.copy_(v)
+                for n in [n for n, _ in tel.model.named_buffers() if n not in bufs]:
+                    _set_buffer(tel.model, n, None)   # registered by the replay: gone again
+                for n, (b, v) in bufs.items():
+                    _set_buffer(tel.model, n, b)
+                    b.copy_(v)
             for m, mode in zip(modules, modes, strict=True):
                 m.training = mode
             tel._set_rng(after)
@@ -233,9 +264,8 @@ class Sentinel:
         tel = self.tel
         for m, mode in zip(modules, entry.training, strict=True):
             m.training = mode
-        with torch.no_grad():
-            for n, v in entry.buffers.items():
-                tel.model.get_buffer(n).copy_(v)
+        for n, v in entry.buffers.items():
+            _set_buffer(tel.model, n, v.clone())
         tel._set_rng(entry.rng)
         with contextlib.ExitStack() as ctx:   # the live forward's modes
             ctx.enter_context(torch.inference_mode(entry.inference))

@@ -353,6 +353,10 @@ class Telemetry:
         self._sentinel = Sentinel(self)
         self._root_seen = False   # a root forward ran under the full hooks
         self._devs: set = set()   # the model's accelerator devices, read when armed
+        # the weights' gradient hooks (full hooks), and the parameters they were put on:
+        # (id, requires_grad) of each, checked at each root forward (a layer unfrozen later)
+        self._weight_handles: list = []
+        self._params: tuple = ()
         self._shadow_handles: list = []   # on the float64 copy
         self._names = names = {m: (n or ROOT) for n, m in model.named_modules()}
         self._ops = {m: classify(m) for m in names}
@@ -396,7 +400,9 @@ class Telemetry:
         self._drop_leaf_hooks()
 
     def close(self) -> None:
-        """End the pending step (if anything was recorded) and remove every hook."""
+        """End the pending step (if anything was recorded, or its sentinel saw a non-finite
+        value: a loop that stops on a NaN loss before ``step()``) and remove every hook."""
+        self._replay_if_due()
         self.disable()
         if self._acc or self._events:
             self._flush()
@@ -411,23 +417,9 @@ class Telemetry:
         """Mark the end of a step: its statistics are read back to the host here, once (and a
         step ``every`` skipped is replayed with the full hooks where its sentinel saw a
         non-finite value: numcheck/telemetry/sentinel.py)."""
-        self._exit_mode()   # a forward that raised left the op mode on
-        self._stack.clear()
-        replayed = self._armed == "sentinel" and self._sentinel.due()
-        if replayed:
-            try:
-                self._replay()
-            except Exception as exc:  # noqa: BLE001 - a diagnostic: the user's run goes on
-                replayed = False
-                self._acc.clear()
-                self._events.clear()
-                warnings.warn(f"numcheck.telemetry: the replay of step {self.step_index} "
-                              f"failed ({type(exc).__name__}: {exc}); no producer named for "
-                              "it", RuntimeWarning, stacklevel=2)
+        self._replay_if_due()
         if self._acc or self._events:
             self._flush()
-        if replayed and self._first is None:
-            self._sentinel.named_nobody(self.step_index)
         self._cells.clear()
         self._memo.clear()
         self._sentinel.clear()
@@ -481,14 +473,37 @@ class Telemetry:
     def _attach_full(self) -> None:
         for m, name in self._names.items():
             self._attach(m, name, self._ops[m], m is self.model)
+        self._hook_weights()
         self._armed = "full"
 
     def _detach(self) -> None:
-        for h in self._handles:
+        for h in (*self._handles, *self._weight_handles):
             h.remove()
         self._handles.clear()
+        self._weight_handles.clear()
         self._sentinel.detach()
         self._armed = None
+
+    def _replay_if_due(self) -> None:
+        """On a step the sentinel watched: its replay where it saw a non-finite value (the
+        producer named, or a warning)."""
+        self._exit_mode()   # a forward that raised left the op mode on
+        self._stack.clear()
+        if not (self._armed == "sentinel" and self._sentinel.due()):
+            return
+        try:
+            self._replay()
+        except Exception as exc:  # noqa: BLE001 - a diagnostic: the user's run goes on
+            self._acc.clear()
+            self._events.clear()
+            warnings.warn(f"numcheck.telemetry: the replay of step {self.step_index} failed "
+                          f"({type(exc).__name__}: {exc}); no producer named for it",
+                          RuntimeWarning, stacklevel=3)
+            return
+        self._flush()
+        if self._first is None:
+            self._sentinel.named_nobody(self.step_index)
+        self._sentinel.clear()
 
     def _replay(self) -> None:
         """The sentinel's replay of this step under the full hooks (checking, not recording:
@@ -512,9 +527,21 @@ class Telemetry:
         h = self._handles
         h.append(m.register_forward_pre_hook(self._pre(m, name, root), with_kwargs=True))
         h.append(m.register_forward_hook(self._post(m, name, op, root), with_kwargs=True))
-        w = _weight(m) if op else None
-        if w is not None and w.requires_grad:
-            h.append(w.register_hook(self._wgrad(name, op)))
+
+    def _params_key(self) -> tuple:
+        """Which parameters the model has and which need a gradient."""
+        return tuple((id(p), p.requires_grad) for p in self.model.parameters())
+
+    def _hook_weights(self) -> None:
+        for h in self._weight_handles:
+            h.remove()
+        self._weight_handles.clear()
+        for m, name in self._names.items():
+            op = self._ops[m]
+            w = _weight(m) if op else None
+            if w is not None and w.requires_grad:
+                self._weight_handles.append(w.register_hook(self._wgrad(name, op)))
+        self._params = self._params_key()
 
     def _pre(self, m, name, root):
         def hook(mod, args, kwargs):
@@ -523,6 +550,8 @@ class Telemetry:
             if root:
                 self._forwards += 1
                 self._root_seen = True
+                if self._params_key() != self._params:   # unfrozen or replaced since armed
+                    self._hook_weights()
             pre = None
             mode = self._unmode()
             try:
@@ -562,6 +591,9 @@ class Telemetry:
                 with _NoGrad():
                     ins = _tensors(args) + _tensors(kwargs)
                     outs = _tensors(out)
+                    if root and not outs and self.every > 1:   # before any sentinel step
+                        self._sentinel.give_up("the root module's outputs hold no tensor the "
+                                               f"sentinel can read ({type(out).__name__})")
                     rec = bool(op) and self.recording
                     if self._checking() and outs:
                         if pre is not None:

@@ -90,9 +90,9 @@ class Sentinel:
         self.queued = False
         self.handles: list = []
         self.param_handles: list = []
-        self.params: tuple = ()
-        self.pending: list[torch.Tensor] = []
-        self.buffer_names: list[str] = []   # parameter gradients, read at the backward's end
+        self.params: tuple = ()               # Telemetry._params_key() when they were hooked
+        self.pending: list[torch.Tensor] = []  # parameter gradients, read at the backward's end
+        self.buffer_names: list[str] = []
         self.broken: str | None = None   # why it cannot work for this model: full hooks
 
     def attach(self, root: nn.Module) -> None:

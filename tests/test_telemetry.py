@@ -588,3 +588,18 @@ def test_an_output_written_through_data_is_read_again_not_taken_from_the_step_me
     nf = t.first_nonfinite()
     assert nf == (0, "1", "module", "output", "forward")
     assert nf.inputs["amax"] == pytest.approx(40.0)   # what it read before the write
+
+
+def test_a_torch_compiled_submodule_is_watched():
+    # Dynamo would trace the hooks and fail ("already tracked for mutation"): they run eagerly
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(8, 8), nn.LayerNorm(8), nn.Linear(8, 2))
+    model[1] = torch.compile(model[1], backend="eager")   # Dynamo alone: no inductor build
+    with telemetry.watch(model, recipe="mxfp8", every=2) as t:
+        for step in range(4):
+            x = torch.randn(4, 8) * (1e30 if step == 3 else 1.0)   # eager LayerNorm: x^2 = inf
+            model(x).sum().backward()
+            t.step()
+    rows = t.records()
+    assert {"norm", "linear"} <= set(rows.op) and "1._orig_mod" in set(rows.module)
+    assert t.first_nonfinite() == (3, "1._orig_mod", "norm", "output", "forward")

@@ -185,6 +185,11 @@ def _and_not(a, b):
     return _and(a, (not b) if isinstance(b, bool) else ~b)
 
 
+def _eager(fn):
+    """fn, run eagerly where Dynamo traces a compiled module's hooks."""
+    return torch._dynamo.disable(fn)
+
+
 def _several_ranks() -> bool:
     """A process group of more than one rank is up: a replay on one rank alone would wait on
     collectives (DDP's buffer broadcast, FSDP's all-gathers) the others never join."""
@@ -525,8 +530,12 @@ class Telemetry:
 
     def _attach(self, m: nn.Module, name: str, op: str | None, root: bool) -> None:
         h = self._handles
-        h.append(m.register_forward_pre_hook(self._pre(m, name, root), with_kwargs=True))
-        h.append(m.register_forward_hook(self._post(m, name, op, root), with_kwargs=True))
+        # Dynamo must not trace the hooks of a torch.compile'd module (it cannot: "already
+        # tracked for mutation"); it runs them eagerly, between graphs
+        h.append(m.register_forward_pre_hook(_eager(self._pre(m, name, root)),
+                                             with_kwargs=True))
+        h.append(m.register_forward_hook(_eager(self._post(m, name, op, root)),
+                                         with_kwargs=True))
 
     def _params_key(self) -> tuple:
         """Which parameters the model has and which need a gradient."""

@@ -186,8 +186,12 @@ def _and_not(a, b):
 
 
 def _eager(fn):
-    """fn, run eagerly where Dynamo traces a compiled module's hooks."""
-    return torch._dynamo.disable(fn)
+    """fn, run eagerly where Dynamo traces a compiled module's hooks (fn itself where Dynamo
+    cannot be imported here: then nothing is compiled either; importing it costs ~1.5 s once)."""
+    try:
+        return torch._dynamo.disable(fn)
+    except Exception:  # noqa: BLE001 - a torch build or Python without Dynamo
+        return fn
 
 
 def _several_ranks() -> bool:

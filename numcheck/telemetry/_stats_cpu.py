@@ -132,11 +132,15 @@ def _counts(b, inf, mask):
 
 
 @njit(error_model="numpy")
-def _counts32(b):
-    """_counts of float32 bits in int32 lanes throughout (twice the lanes of _counts' int64:
-    measured 14 vs 23 us per 65536 elements); int32 counts: fewer than 2^31 elements."""
-    inf = np.int32(0x7F800000)
-    mask = np.int32(0x7FFFFFFF)
+def _counts_i32(b, inf, mask):
+    """_counts in int32 lanes throughout, for float32 bits (int32) and bf16 / fp16 bits
+    (int16, widened per element): twice the lanes of _counts' int64 (measured 14 vs 23 us per
+    65536 float32 elements, 2x for the 16-bit ones); int32 counts: fewer than 2^31
+    elements. ``inf`` and ``mask``: the format's bits; each element is masked, then narrowed
+    to int32 (narrowed first, then masked, the lanes went int64: 20% slower on float32, and
+    the 16-bit loop measured 23 us where this one takes 17 per 65536 elements)."""
+    inf = np.int32(inf)
+    mask = np.int32(mask)
     z = np.int32(0)
     one = np.int32(1)
     nn = ni = nz = z
@@ -144,29 +148,6 @@ def _counts32(b):
     mn = inf
     for i in range(b.shape[0]):
         m = np.int32(b[i] & mask)
-        nn += one if m > inf else z
-        ni += one if m == inf else z
-        nz += one if m == z else z
-        f = m if m < inf else z
-        mx = f if f > mx else mx
-        g = m if (m < inf) & (m > z) else inf
-        mn = g if g < mn else mn
-    return nn, ni, nz, mx, mn
-
-
-@njit(error_model="numpy")
-def _counts16(b, inf):
-    """_counts of bf16 / fp16 bits (int16) in int32 lanes (measured 2x _counts' int64 ones);
-    int32 counts: fewer than 2^31 elements."""
-    inf = np.int32(inf)
-    mask = np.int32(0x7FFF)
-    z = np.int32(0)
-    one = np.int32(1)
-    nn = ni = nz = z
-    mx = z
-    mn = inf
-    for i in range(b.shape[0]):
-        m = np.int32(b[i]) & mask
         nn += one if m > inf else z
         ni += one if m == inf else z
         nz += one if m == z else z
@@ -221,7 +202,7 @@ def _sumsq(v, finite):
 def _float_pass(v, b, inf, mask, sums):
     """float32 / float64: (n_nan, n_inf, n_zero, amax, min_nonzero, sum_sq or NaN)."""
     if mask == 0x7FFFFFFF and b.shape[0] < 2**31:
-        nn, ni, nz, mx, mn = _counts32(b)
+        nn, ni, nz, mx, mn = _counts_i32(b, 0x7F800000, 0x7FFFFFFF)
     else:
         nn, ni, nz, mx, mn = _counts(b, inf, mask)
     if mask > 0x7FFFFFFF:  # float64: the extreme magnitudes' bits, decoded by a view
@@ -295,7 +276,7 @@ def _half_pass(b, bf16, sums):
     """bf16 (``bf16``) or fp16 bits: (n_nan, n_inf, n_zero, amax, min_nonzero, sum_sq or NaN)."""
     inf = 0x7F80 if bf16 else 0x7C00
     if b.shape[0] < 2**31:
-        nn, ni, nz, mx, mn = _counts16(b, inf)
+        nn, ni, nz, mx, mn = _counts_i32(b, inf, 0x7FFF)
     else:
         nn, ni, nz, mx, mn = _counts(b, inf, 0x7FFF)
     amax = _bf16_value(mx) if bf16 else _fp16_value(mx)

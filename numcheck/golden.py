@@ -113,6 +113,8 @@ def to_row(record: Record, columns: tuple[str, ...] = COLUMNS) -> dict[str, Any]
                  else x for k, x in sorted(v.items())}, sort_keys=True, allow_nan=True)
         elif name == "findings":
             v = json.dumps(list(v)) if v else None
+        elif name == "per_step":
+            v = json.dumps(v, allow_nan=True) if v else None
         elif name == "seed":
             v = None if v is None else int(v)
         elif name in ("gate_ulp", "gate_bias"):

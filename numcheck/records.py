@@ -145,6 +145,10 @@ class Record:
     # kernel_stats.fmt over the compared elements (sum = kernel_stats.n_compared); bucket 0:
     # exact, bucket k: [2^(k-1), 2^k) ULP. None: not measured. A JSON string in results parquet.
     ulp_hist: list[int] | None = None
+    # Telemetry records (numcheck.telemetry.floors): each gated statistic per step, as
+    # {"step": [steps], key: [values]}, for the report's layer x step heatmaps; the golden
+    # keeps the floors only. JSON in results parquet.
+    per_step: dict[str, list[float]] | None = None
     numerics: str = ""
     saved_inputs: str = ""
     traceback: str = ""
@@ -202,7 +206,7 @@ class Record:
                 v = Golden(v)
             elif f.name == "findings":
                 v = tuple(v)
-            elif f.name in ("metrics", "ulp_hist") and isinstance(v, str):
+            elif f.name in ("metrics", "ulp_hist", "per_step") and isinstance(v, str):
                 v = json.loads(v)
             kw[f.name] = v
         return cls(**kw)

@@ -514,6 +514,7 @@ def _telemetry(records: list[Record], mode: str) -> Section | None:
                     f'<div class="wide"><table class="heatmap" data-model="{_e(model)}" '
                     f'data-recipe="{_e(recipe)}"><thead><tr><th>layer (op)</th>{head}</tr>'
                     f"</thead><tbody>{''.join(trs)}</tbody></table></div>")
+        body.append(_telemetry_steps(rs, keys, recipe))
     keys = sorted({k for r in rows for k in (r.metrics or {})})
     table = _table(["op", "kernel", "case", "output", "device class", "status",
                     *map(_e, keys), "reason"],
@@ -522,10 +523,55 @@ def _telemetry(records: list[Record], mode: str) -> Section | None:
                     for r in rows])
     body.append('<p class="note">Each cell: the statistic over the run\'s steps (floors: the '
                 "minimum, ceilings: the maximum; docs/telemetry.md), green the column's best, "
-                "red its worst. Per-step heatmaps: <code>numcheck inspect</code> "
-                "(each record's repro command) writes them.</p>"
+                "red its worst; under each table, folded, the same statistics per layer and "
+                "step. Every recorded statistic per step: <code>numcheck inspect</code> "
+                "(each record's repro command).</p>"
                 f"<details><summary>All {len(rows)} telemetry records</summary>{table}</details>")
     return "telemetry", "Telemetry", "".join(body)
+
+
+def _telemetry_steps(rs: list[Record], keys: list[str], recipe: str) -> str:
+    """Per gated statistic of one (model, recipe): a layer x step heatmap of the records'
+    ``per_step`` values (numcheck.telemetry.floors), steps with non-finite elements outlined
+    (their own table only where there are any); folded. Records without per-step values (results written before they were recorded) are
+    left out."""
+    from .telemetry_rules import BY_KEY, case_parts
+    rs = [r for r in rs if r.per_step and r.per_step.get("step")]
+    if not rs:
+        return ""
+    steps = _shown_steps(sorted({int(s) for r in rs for s in r.per_step["step"]}))
+    order: dict = {}
+    per_key: dict[str, Cells] = {k: {} for k in keys}
+    for r in rs:
+        module, _, role = case_parts(r.case_id)[2].rpartition("/")
+        layer = (module, r.kernel, role)
+        order.setdefault(layer, (len(order), 0))
+        at = [int(s) for s in r.per_step["step"]]
+        for k in keys:
+            vals = r.per_step.get(k)
+            if vals is not None:
+                row = per_key[k].setdefault(layer, {})
+                for step, v in zip(at, vals):
+                    v = math.nan if v is None else float(v)
+                    old = row.get(step)
+                    row[step] = v if old is None or old != old else old if v != v else \
+                        (min if BY_KEY[k].kind == "floor" else max)(old, v)
+    flags = per_key.get("nonfinite_ceiling")
+    maps = []
+    if flags and not any(v for row in flags.values() for v in row.values()):
+        per_key["nonfinite_ceiling"] = {}  # all zero: a table of zeros says nothing
+    for k in keys:
+        if not per_key[k]:
+            continue
+        s = BY_KEY[k]
+        fmt = ".1f" if s.unit == "dB" else ".2f" if s.unit == "%" else ".4g"
+        spec = (s.column, f"{s.label.removesuffix(' floor').removesuffix(' ceiling')}"
+                f"{f' ({s.unit})' if s.unit else ''} per step", fmt,
+                "up" if s.kind == "floor" else "down")
+        maps.append(_step_heatmap(per_key[k], order, steps, spec, recipe, flags))
+    return (f"<details><summary>Per step ({len(steps)} step(s)): "
+            f"{', '.join(_e(BY_KEY[k].label) for k in keys if per_key[k])}</summary>"
+            f"{''.join(maps)}</details>") if maps else ""
 
 
 # --- the page -----------------------------------------------------------------------------------

@@ -557,3 +557,37 @@ def test_telemetry_heatmaps_leave_out_records_without_statistics():
     assert [h.text() for h in tm.find("h3")] == ["tiny: mxfp8"]
     assert len(tm.find("table", class_="heatmap")) == 1
     assert "All 4 telemetry records" in tm.find("details")[0].find("summary")[0].text()
+
+
+def test_results_report_has_the_telemetry_per_layer_step_heatmaps(watched, tmp_path):
+    from numcheck.telemetry.floors import as_records
+    recs = as_records(watched, model="mlp")
+    path = golden.write_results(tmp_path / "r.parquet", recs, PROV)
+    back, _ = golden.read_results(path)
+    tm = sections(Tree(html_report(back, PROV)))["telemetry"]
+    folded = [d for d in tm.find("details") if "Per step" in d.find("summary")[0].text()]
+    assert len(folded) == len({r.case_id.split("/")[1] for r in recs})  # one per recipe
+    maps: dict = {}
+    for d in folded:
+        for table in d.find("table", class_="heatmap"):
+            for tr in table.find("tbody")[0].find("tr"):
+                key = (table.attrs["data-recipe"], table.attrs["data-column"],
+                       tr.attrs["data-module"], tr.attrs["data-role"])
+                maps[key] = {int(td.attrs["data-step"]): td for td in tr.find("td")}
+    # every cell is the frame's statistic of that (recipe, layer, role, step)
+    observed = watched[~watched["what_if"]]
+    checked = 0
+    for (recipe, column, module, role), cells in maps.items():
+        assert column != "nonfinite"  # all zero here: no table of zeros
+        rows = watched[(watched["module"] == module) & (watched["role"] == role)]
+        rows = rows[rows["recipe"] == recipe] if column in ("sqnr_db", "worst_block_sqnr_db",
+                                                              "underflow_pct", "saturation_pct") \
+            else observed[(observed["module"] == module) & (observed["role"] == role)]
+        assert sorted(cells) == sorted(rows["step"].astype(int))
+        for step, want in zip(rows["step"].astype(int), rows[column]):
+            got = float(cells[step].attrs["data-value"])
+            assert got == want or (math.isnan(got) and math.isnan(want))
+            checked += 1
+    assert checked > 60
+    assert {k[1] for k in maps} == {"sqnr_db", "worst_block_sqnr_db", "underflow_pct",
+                                    "saturation_pct", "shadow_sqnr_db", "e2e_sqnr_db"}

@@ -273,3 +273,30 @@ def test_underflow_slack_counts_in_the_finite_nonzero_elements():
     assert slack(under, sparse) == pytest.approx(8.0)   # 8 elements of 100
     assert slack(sat, sparse) == PCT_SLACK               # 8 of 100000 is below the floor
     assert slack(under, {"n": 100_000.0}) == PCT_SLACK   # an older golden row: n
+
+
+def test_per_step_values_are_the_frames_and_travel_in_results_only(tmp_path):
+    df = _frame()
+    recs = {r.case_id: r for r in as_records(df, model="m")}
+    r = recs["m/mxfp8/<model>/weight"]
+    rows = df[(df.role == "weight") & (df.recipe == "mxfp8") & ~df.what_if].sort_values("step")
+    assert r.per_step["step"] == sorted(rows.step.astype(int))
+    # step 0 (all-zero weights) does not define the SQNR: NaN there, the frame's value after
+    assert math.isnan(r.per_step["sqnr_db_floor"][0])
+    assert r.per_step["sqnr_db_floor"][1:] == rows.sqnr_db.iloc[1:].tolist()
+    assert min(r.per_step["sqnr_db_floor"][1:]) == r.metric("sqnr_db_floor")
+    assert r.per_step["nonfinite_ceiling"] == [0.0] * len(rows)
+    # a module called twice in a step: that step holds the worse of its two rows
+    import pandas as pd
+    extra = rows.iloc[[2]].assign(sqnr_db=rows.sqnr_db.iloc[2] - 7.0)
+    twice = pd.concat([df, extra], ignore_index=True)
+    r2 = next(x for x in as_records(twice, model="m") if x.case_id == r.case_id)
+    assert r2.per_step["sqnr_db_floor"][2] == rows.sqnr_db.iloc[2] - 7.0
+    assert r2.per_step["step"] == r.per_step["step"]
+    # results keep them (NaN included), goldens do not
+    path = golden.write_results(tmp_path / "r.parquet", list(recs.values()), {})
+    back = {x.case_id: x for x in golden.read_results(path)[0]}
+    got = back[r.case_id].per_step
+    assert got["step"] == r.per_step["step"] and math.isnan(got["sqnr_db_floor"][0])
+    assert got["sqnr_db_floor"][1:] == r.per_step["sqnr_db_floor"][1:]
+    assert "per_step" in golden.RESULTS_SCHEMA.names and "per_step" not in golden.COLUMNS

@@ -23,6 +23,7 @@ changed batch, step count or architecture reads as changed inputs, not as a regr
 from __future__ import annotations
 
 import hashlib
+import math
 
 import numpy as np
 
@@ -65,11 +66,26 @@ def _frame(frame_or_t):
     return frame
 
 
+def _by_step(steps: np.ndarray, vals: np.ndarray, at: dict, kind: str) -> list[float]:
+    """Per step of ``at`` (step -> position), the worst of that step's values (a module called
+    twice in a step: the lower floor, the higher ceiling; a NaN stays NaN); NaN where the step
+    does not define the statistic."""
+    out: list[float | None] = [None] * len(at)
+    worst = min if kind == "floor" else max
+    for step, v in zip(steps.tolist(), vals.tolist()):
+        old = out[at[step]]
+        out[at[step]] = v if old is None else math.nan if math.isnan(old) or math.isnan(v) \
+            else worst(old, v)
+    return [math.nan if v is None else float(v) for v in out]
+
+
 def floors(frame_or_t):
     """The floors and ceilings per (module, op, role, pass, recipe, what_if), a pandas frame:
     the group's columns, ``steps``, ``n`` and one column per gated statistic
     (numcheck.telemetry_rules.STATS keys; NaN where the group never defines it), in the
-    frame's row order. Groups without any gated statistic are left out."""
+    frame's row order, and ``per_step``: ``{"step": [steps], key: [the step's value]}`` for the
+    statistics the group defines (the results report's layer x step heatmaps; NaN on a step
+    that does not define it). Groups without any gated statistic are left out."""
     import pandas as pd
 
     frame = _frame(frame_or_t)
@@ -81,6 +97,9 @@ def floors(frame_or_t):
         # the fewest finite non-zero elements: the underflow percentage's denominator
         row["nz"] = float((g["n"] - g["n_zero"] - g["n_nan"] - g["n_inf"]).min())
         row["step_n"] = tuple(zip(g["step"].astype(int), g["n"].astype(float)))
+        steps = g["step"].to_numpy(dtype=int)
+        row["per_step"] = per_step = {"step": sorted({int(x) for x in steps})}
+        at = {step: i for i, step in enumerate(per_step["step"])}
         gated = False
         for s in STATS:
             if s.column == "nonfinite":
@@ -94,10 +113,13 @@ def floors(frame_or_t):
             # NaN of a defined step poisons the floor: np.min/np.max propagate it
             row[s.key] = float(np.min(vals) if s.kind == "floor" else np.max(vals))
             row.setdefault("_defined", set()).add(s.key)
+            per_step[s.key] = _by_step(steps[ok], vals, at, s.kind)
         if not gated:
             continue
-        row["nonfinite_ceiling"] = float((g["n_nan"] + g["n_inf"]).max())
+        nonfinite = (g["n_nan"] + g["n_inf"]).to_numpy(dtype=float)
+        row["nonfinite_ceiling"] = float(nonfinite.max())
         row["_defined"].add("nonfinite_ceiling")
+        per_step["nonfinite_ceiling"] = _by_step(steps, nonfinite, at, "ceiling")
         out.append(row)
     return pd.DataFrame(out)
 
@@ -131,6 +153,7 @@ def as_records(frame_or_t, *, model: str, suite: str = "telemetry", device: str 
             device_class=dc, dtype="", seed=seed,
             params=f"pass={row['pass']},recipe={recipe},what_if={what_if}",
             input_digest=_digest(model, row, inputs), metrics=metrics, family=FAMILY,
+            per_step=row["per_step"],
             device=str(device), repro=repro,
             notes=f"floors and ceilings over {row['steps']} step(s) of {model}"
                   + (f" (what-if {recipe})" if what_if else "")))

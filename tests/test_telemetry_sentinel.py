@@ -73,14 +73,17 @@ def _bare_sqrt():
     return m
 
 
-def _x(step: int, big: float) -> torch.Tensor:
-    return torch.full((4, 8), big if step == FAULT else 1e-3)
+def _x(step: int, big: float, fault: int = FAULT) -> torch.Tensor:
+    return torch.full((4, 8), big if step == fault else 1e-3)
 
 
-def _train(make, big, every, micro=1, no_grad=False, parts=False, autocast=False, body=None):
-    """A few SGD steps of ``make()`` under watch(every=every), the fault at step FAULT (in the
-    last micro-batch; ``body(model, x)``: the step's own forward and backward); returns (first_nonfinite, its inputs, parameters, their gradients, the
-    CPU generator's state after the run, the warnings)."""
+def _train(make, big, every, micro=1, no_grad=False, parts=False, autocast=False, body=None,
+           fault=FAULT, set_to_none=True, fault_in=-1):
+    """A few SGD steps of ``make()`` under watch(every=every), the fault at step ``fault`` (in
+    micro-batch ``fault_in``, the last by default; ``body(model, x)``: the step's own forward
+    and backward;
+    ``set_to_none=False``: gradients zeroed in place); returns (first_nonfinite, its inputs,
+    parameters, their gradients, the CPU generator's state after the run, the warnings)."""
     torch.manual_seed(0)
     model = make()
     opt = torch.optim.SGD(model.parameters(), lr=1e-3)
@@ -88,9 +91,9 @@ def _train(make, big, every, micro=1, no_grad=False, parts=False, autocast=False
         warnings.simplefilter("always")
         t = telemetry.watch(model, every=every) if every else None
         for step in range(7):
-            opt.zero_grad()
+            opt.zero_grad(set_to_none=set_to_none)
             for k in range(micro):
-                x = _x(step, big) if k == micro - 1 else _x(0, big)
+                x = _x(step, big, fault) if k == fault_in % micro else _x(0, big)
                 if body is not None:
                     body(model, x)
                     continue
@@ -187,6 +190,15 @@ CASES = {
         big=2.0, body=_eval_then_train, want=(FAULT, "3", "module", "output", "forward")),
     "torch.autograd.grad": dict(make=_bwd_nan, big=50.0, body=_grad_loop,
                                 want=(FAULT, "1", "module", "grad_input", "backward")),
+    # the first unrecorded step: its backward wrote no .grad, so the step is replayed
+    "torch.autograd.grad, step 1": dict(make=_bwd_nan, big=50.0, body=_grad_loop, fault=1,
+                                        want=(1, "1", "module", "grad_input", "backward")),
+    "backward NaN, gradients zeroed in place": dict(
+        make=_bwd_nan, big=50.0, set_to_none=False,
+        want=(FAULT, "1", "module", "grad_input", "backward")),
+    "backward NaN in the first of two micro-batches": dict(
+        make=_bwd_nan, big=50.0, micro=2, fault_in=0,
+        want=(FAULT, "1", "module", "grad_input", "backward")),
 }
 
 
@@ -261,6 +273,36 @@ def test_steps_between_recorded_ones_carry_only_the_roots_sentinel():
     assert counts == [full, 2, 2, full, 2, 0, full]
     assert t.first_nonfinite()[0] == FAULT
     assert _hooks(model) == 0
+
+
+def _param_hooks(model) -> int:
+    return sum(len(p._backward_hooks or {}) for p in model.parameters())
+
+
+@pytest.mark.parametrize("how", ["backward", "backward, zeroed in place", "autograd.grad"])
+def test_the_sentinel_reads_grad_and_hooks_parameters_only_where_backward_writes_none(how):
+    """A backward writes .grad (a new tensor or accumulated in place): the sentinel reads it,
+    no hook on any parameter; torch.autograd.grad writes none: from its first unrecorded step
+    on, a hook on each parameter, and no warning for that step's replay."""
+    torch.manual_seed(0)
+    model = _bwd_nan()
+    counts = []
+    with warnings.catch_warnings(record=True) as caught, telemetry.watch(model, every=3) as t:
+        warnings.simplefilter("always")
+        for step in range(6):
+            counts.append(_param_hooks(model))
+            model.zero_grad(set_to_none=how != "backward, zeroed in place")
+            if how == "autograd.grad":
+                _grad_loop(model, _x(step, 0.0))
+            else:
+                model(_x(step, 0.0)).sum().backward()
+            t.step()
+    n = len(list(model.parameters()))
+    # the sentinel's steps 1, 2, 4, 5 (0 and 3 carry the full check's weight hooks)
+    hooked = [c for i, c in enumerate(counts) if i % 3]
+    assert hooked == ([0, n, n, n] if how == "autograd.grad" else [0, 0, 0, 0]), counts
+    assert t.first_nonfinite() is None
+    assert not [w for w in caught if "named no producer" in str(w.message)]
 
 
 @dataclass

@@ -12,8 +12,13 @@ tensor). There the model carries only this sentinel:
   scaling's amax history, must find them again);
 * the root's forward hook reads the root's outputs (finite or not) and puts a hook on each one
   that needs a gradient: it keeps that gradient and queues one callback for the end of the
-  backward; a hook on each parameter keeps its gradient as the backward makes it, for the
-  callback to read;
+  backward;
+* the callback reads the parameters' ``.grad`` that this backward wrote (a new tensor, or one
+  accumulated into: its version moved; a tensor hook per parameter cost ~10 us each in the
+  backward, a tenth of a tiny model's sentinel cost on CPU). A backward that wrote no ``.grad``
+  (``torch.autograd.grad``) made its parameter gradients unseen: that step is replayed, naming
+  a producer or nobody, without a warning, and from then on a hook on each parameter keeps its
+  gradient as the backward makes it;
 * at the end of a backward (before the optimizer) where anything read is not finite, the
   parameters and buffers are copied, and ``step()`` replays the step: those values put back
   into the model, each forward run again from what its pre-hook kept with watch.py's full hooks
@@ -39,6 +44,7 @@ from __future__ import annotations
 
 import contextlib
 import warnings
+import weakref
 from dataclasses import dataclass, field
 
 import torch
@@ -52,6 +58,13 @@ def _copy(t: torch.Tensor) -> torch.Tensor:
     reaches it)."""
     c = t.detach().clone()
     return c.requires_grad_() if t.requires_grad and c.is_floating_point() else c
+
+
+def _grad_key(p: torch.Tensor) -> tuple:
+    """What tells a written ``.grad``: a new tensor (a weak reference: a freed gradient's id
+    may be the next one's) or a moved version (accumulated into, or zeroed in place)."""
+    g = p.grad
+    return (None, 0) if g is None else (weakref.ref(g), g._version)
 
 
 def _set_buffer(root: nn.Module, name: str, value: torch.Tensor | None) -> None:
@@ -92,6 +105,12 @@ class Sentinel:
         self.param_handles: list = []
         self.params: tuple = ()               # Telemetry._params_key() when they were hooked
         self.pending: list[torch.Tensor] = []  # parameter gradients, read at the backward's end
+        # read the .grad a backward wrote (True) or keep each gradient by a hook (False, once a
+        # backward wrote none); what each parameter's .grad was when last read
+        self.via_grad = True
+        self.grad_params: list[nn.Parameter] = []
+        self.seen: list[tuple] = []
+        self.unsure = False   # a backward's parameter gradients went unseen: replay the step
         self.buffer_names: list[str] = []
         self.broken: str | None = None   # why it cannot work for this model: full hooks
 
@@ -106,12 +125,15 @@ class Sentinel:
         self._hook_params()
 
     def _hook_params(self) -> None:
-        """A hook on each parameter that needs a gradient (again at a root forward where that
-        set changed: a layer unfrozen, a parameter replaced)."""
+        """The parameters that need a gradient, and a hook on each where their ``.grad`` is not
+        read (again at a root forward where that set changed: a layer unfrozen, a parameter
+        replaced)."""
         for h in self.param_handles:
             h.remove()
-        self.param_handles = [p.register_hook(self._guard(self._param_grad))
-                              for p in self.tel.model.parameters() if p.requires_grad]
+        self.grad_params = [p for p in self.tel.model.parameters() if p.requires_grad]
+        self.seen = [_grad_key(p) for p in self.grad_params]
+        self.param_handles = [] if self.via_grad else [
+            p.register_hook(self._guard(self._param_grad)) for p in self.grad_params]
         self.params = self.tel._params_key()
 
     def detach(self) -> None:
@@ -126,6 +148,7 @@ class Sentinel:
         self.pending.clear()
         self.snapshot = None
         self.queued = False
+        self.unsure = False
 
     def give_up(self, why: str) -> None:
         """Stop the sentinel for this watch (watch.py arms the full hooks from the next
@@ -202,10 +225,28 @@ class Sentinel:
         """After the backward, before the optimizer: the parameters as the forward used them
         are copied where anything read was not finite."""
         self.queued = False
+        if self.via_grad:
+            self._read_grads()
         self.flags.append(self.tel._all_finite(self.pending))
         self.pending.clear()
-        if self.snapshot is None and not self.settled():
+        if self.snapshot is None and (self.unsure or not self.settled()):
             self._freeze()
+
+    def _read_grads(self) -> None:
+        """The ``.grad`` this backward wrote into ``pending``; where it wrote none, the
+        parameter hooks from now on and this step replayed (the module doc)."""
+        written = False
+        for i, p in enumerate(self.grad_params):
+            key = _grad_key(p)
+            if key != self.seen[i]:
+                self.seen[i] = key
+                if p.grad is not None:   # not just set to None (zero_grad)
+                    written = True
+                    self.pending.append(p.grad)
+        if not written and self.grad_params:
+            self.via_grad = False
+            self.unsure = True
+            self._hook_params()
 
     # ---- after the step ------------------------------------------------------------------
 

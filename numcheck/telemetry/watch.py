@@ -510,7 +510,7 @@ class Telemetry:
                           RuntimeWarning, stacklevel=3)
             return
         self._flush()
-        if self._first is None:
+        if self._first is None and not self._sentinel.unsure:   # unsure: nothing was seen
             self._sentinel.named_nobody(self.step_index)
         self._sentinel.clear()
 
@@ -542,8 +542,10 @@ class Telemetry:
                                          with_kwargs=True))
 
     def _params_key(self) -> tuple:
-        """Which parameters the model has and which need a gradient."""
-        return tuple((id(p), p.requires_grad) for p in self.model.parameters())
+        """Which parameters the model's modules have and which need a gradient (the modules
+        of ``watch``: their own parameter dicts, a sixth of ``parameters()``'s walk)."""
+        return tuple((id(p), p.requires_grad) for m in self._names
+                     for p in m._parameters.values() if p is not None)
 
     def _hook_weights(self) -> None:
         for h in self._weight_handles:

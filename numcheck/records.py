@@ -146,8 +146,8 @@ class Record:
     # exact, bucket k: [2^(k-1), 2^k) ULP. None: not measured. A JSON string in results parquet.
     ulp_hist: list[int] | None = None
     # Telemetry records (numcheck.telemetry.floors): each gated statistic per step, as
-    # {"step": [steps], key: [values]}, for the report's layer x step heatmaps; the golden
-    # keeps the floors only. JSON in results parquet.
+    # {"step": [steps], key: [values]} (None: undefined that step), for the report's layer x
+    # step heatmaps; the golden keeps the floors only. JSON in results parquet.
     per_step: dict[str, list[float]] | None = None
     numerics: str = ""
     saved_inputs: str = ""

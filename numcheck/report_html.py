@@ -533,32 +533,39 @@ def _telemetry(records: list[Record], mode: str) -> Section | None:
 def _telemetry_steps(rs: list[Record], keys: list[str], recipe: str) -> str:
     """Per gated statistic of one (model, recipe): a layer x step heatmap of the records'
     ``per_step`` values (numcheck.telemetry.floors), steps with non-finite elements outlined
-    (their own table only where there are any); folded. Records without per-step values (results written before they were recorded) are
-    left out."""
+    (their own table only where there are any); folded. Records without per-step values
+    (results written before they were recorded) are left out."""
     from .telemetry_rules import BY_KEY, case_parts
-    rs = [r for r in rs if r.per_step and r.per_step.get("step")]
+    rs = [r for r in rs if isinstance(r.per_step, dict) and r.per_step.get("step")]
     if not rs:
         return ""
-    steps = _shown_steps(sorted({int(s) for r in rs for s in r.per_step["step"]}))
     order: dict = {}
     per_key: dict[str, Cells] = {k: {} for k in keys}
     for r in rs:
         module, _, role = case_parts(r.case_id)[2].rpartition("/")
         layer = (module, r.kernel, role)
         order.setdefault(layer, (len(order), 0))
-        at = [int(s) for s in r.per_step["step"]]
         for k in keys:
-            vals = r.per_step.get(k)
-            if vals is not None:
-                row = per_key[k].setdefault(layer, {})
-                for step, v in zip(at, vals):
-                    v = math.nan if v is None else float(v)
-                    old = row.get(step)
-                    row[step] = v if old is None or old != old else old if v != v else \
-                        (min if BY_KEY[k].kind == "floor" else max)(old, v)
+            vals = _per_step(r, k)
+            if vals is None:
+                continue
+            row = per_key[k].setdefault(layer, {})
+            for step, v in vals:
+                # None: the step does not define it; NaN poisons (the worse of two records)
+                old = row.get(step)
+                row[step] = v if old is None else old if v is None else math.nan \
+                    if math.isnan(v) or math.isnan(old) else \
+                    (min if BY_KEY[k].kind == "floor" else max)(old, v)
+    for cells in per_key.values():
+        for row in cells.values():
+            for step, v in row.items():
+                row[step] = math.nan if v is None else v   # shown as a dash
     flags = per_key.get("nonfinite_ceiling")
+    bad_steps = {step for row in (flags or {}).values() for step, v in row.items() if v}
+    steps = _shown_steps(sorted({step for cells in per_key.values() for row in cells.values()
+                                 for step in row}), bad_steps)
     maps = []
-    if flags and not any(v for row in flags.values() for v in row.values()):
+    if flags and not bad_steps:
         per_key["nonfinite_ceiling"] = {}  # all zero: a table of zeros says nothing
     for k in keys:
         if not per_key[k]:
@@ -572,6 +579,18 @@ def _telemetry_steps(rs: list[Record], keys: list[str], recipe: str) -> str:
     return (f"<details><summary>Per step ({len(steps)} step(s)): "
             f"{', '.join(_e(BY_KEY[k].label) for k in keys if per_key[k])}</summary>"
             f"{''.join(maps)}</details>") if maps else ""
+
+
+def _per_step(r: Record, key: str) -> list[tuple[int, float | None]] | None:
+    """(step, value) of a record's ``per_step[key]``; None where it has none or the file is
+    malformed (a list of another length than the steps, a value that is not a number)."""
+    steps, vals = r.per_step.get("step"), r.per_step.get(key)
+    if not isinstance(vals, list) or not isinstance(steps, list) or len(vals) != len(steps):
+        return None
+    try:
+        return [(int(s), None if v is None else float(v)) for s, v in zip(steps, vals)]
+    except (TypeError, ValueError):
+        return None
 
 
 # --- the page -----------------------------------------------------------------------------------
@@ -680,10 +699,13 @@ def _step_heatmap(cells: Cells, order: dict, steps: list[int], spec: tuple, reci
             f'<p>{ends[0]} <span class="{css}"></span> {ends[1]}</p>')
 
 
-def _shown_steps(steps: list[int]) -> list[int]:
+def _shown_steps(steps: list[int], keep=()) -> list[int]:
+    """The steps a heatmap shows: all of them up to MAX_STEPS, else evenly spaced ones and
+    every step of ``keep`` (the steps with a NaN or Inf: never sampled away)."""
     if len(steps) <= MAX_STEPS:
         return steps
-    return sorted({steps[round(i * (len(steps) - 1) / (MAX_STEPS - 1))] for i in range(MAX_STEPS)})
+    return sorted({steps[round(i * (len(steps) - 1) / (MAX_STEPS - 1))]
+                   for i in range(MAX_STEPS)} | set(keep))
 
 
 def _present(sub, column: str) -> bool:
@@ -705,7 +727,8 @@ def telemetry_html(frame, *, title: str | None = None, producer: str | None = No
     observed = frame[~flagged] if flagged is not None else frame
     what_ifs = frame[flagged] if flagged is not None else frame.iloc[0:0]
     steps = sorted({int(s) for s in frame["step"]}) if len(frame) else []
-    shown = _shown_steps(steps)
+    shown = _shown_steps(steps, {int(x) for x in frame.loc[frame["nonfinite"] > 0, "step"]}
+                         if "nonfinite" in cols and len(frame) else ())
     modules = list(dict.fromkeys(str(m) for m in frame["module"])) if len(frame) else []
     at = {m: i for i, m in enumerate(modules)}
     keys = list(dict.fromkeys(zip(map(str, frame["module"]), map(str, frame["op"]),

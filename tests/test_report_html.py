@@ -591,3 +591,44 @@ def test_results_report_has_the_telemetry_per_layer_step_heatmaps(watched, tmp_p
     assert checked > 60
     assert {k[1] for k in maps} == {"sqnr_db", "worst_block_sqnr_db", "underflow_pct",
                                     "saturation_pct", "shadow_sqnr_db", "e2e_sqnr_db"}
+
+
+def test_results_report_per_step_keeps_nonfinite_steps_and_poison_and_skips_malformed():
+    """Past MAX_STEPS columns the steps are sampled, but a step with a NaN or Inf is always
+    drawn; two records of one layer merge to the worse value, a NaN to NaN, an undefined step
+    (None) to the other's value; a malformed list (another length) is left out."""
+    from numcheck.report_html import MAX_STEPS, _shown_steps
+    n = 3 * MAX_STEPS
+    sampled = _shown_steps(list(range(n)))
+    bad_step = next(s for s in range(n) if s not in sampled)
+    s1, s2 = sampled[1], sampled[2]
+
+    def rec(layer, sqnr, nonfinite, device="cpu"):
+        return Record(suite="telemetry", family="telemetry", op="telemetry", kernel="linear",
+                      case_id=f"tiny/mxfp8/{layer}", output="telemetry", status=Status.PASSED,
+                      device_class=device, metrics={"sqnr_db_floor": 1.0, "nonfinite_ceiling":
+                                                    max(nonfinite)},
+                      per_step={"step": list(range(n)), "sqnr_db_floor": sqnr,
+                                "nonfinite_ceiling": nonfinite})
+    sq = [30.0] * n
+    nf = [0.0] * n
+    nf[bad_step] = 2.0
+    a = rec("fc1/input", [None] + sq[1:], nf)
+    b_sq = list(sq)
+    b_sq[0], b_sq[s1], b_sq[s2] = 31.0, 29.0, math.nan
+    b = rec("fc1/input", b_sq, [0.0] * n, device="cuda-sm90")
+    c = rec("fc2/input", sq[:-1], nf)   # one value short: malformed, left out
+    tm = sections(Tree(html_report([a, b, c], PROV)))["telemetry"]
+    tables = {t.attrs["data-column"]: t for d in tm.find("details")
+              if "Per step" in d.find("summary")[0].text()
+              for t in d.find("table", class_="heatmap")}
+    assert set(tables) == {"sqnr_db", "nonfinite"}
+    rows = {tr.attrs["data-module"]: {int(td.attrs["data-step"]): td for td in tr.find("td")}
+            for tr in tables["sqnr_db"].find("tbody")[0].find("tr")}
+    assert set(rows) == {"fc1"}
+    cells = rows["fc1"]
+    assert len(cells) < n and bad_step in cells
+    assert "fail" in cells[bad_step].attrs["class"].split()
+    assert float(cells[0].attrs["data-value"]) == 31.0       # undefined in a: b's value
+    assert float(cells[s1].attrs["data-value"]) == 29.0      # the worse floor
+    assert math.isnan(float(cells[s2].attrs["data-value"]))  # NaN poisons

@@ -281,8 +281,8 @@ def test_per_step_values_are_the_frames_and_travel_in_results_only(tmp_path):
     r = recs["m/mxfp8/<model>/weight"]
     rows = df[(df.role == "weight") & (df.recipe == "mxfp8") & ~df.what_if].sort_values("step")
     assert r.per_step["step"] == sorted(rows.step.astype(int))
-    # step 0 (all-zero weights) does not define the SQNR: NaN there, the frame's value after
-    assert math.isnan(r.per_step["sqnr_db_floor"][0])
+    # step 0 (all-zero weights) does not define the SQNR: None there, the frame's value after
+    assert r.per_step["sqnr_db_floor"][0] is None
     assert r.per_step["sqnr_db_floor"][1:] == rows.sqnr_db.iloc[1:].tolist()
     assert min(r.per_step["sqnr_db_floor"][1:]) == r.metric("sqnr_db_floor")
     assert r.per_step["nonfinite_ceiling"] == [0.0] * len(rows)
@@ -293,10 +293,15 @@ def test_per_step_values_are_the_frames_and_travel_in_results_only(tmp_path):
     r2 = next(x for x in as_records(twice, model="m") if x.case_id == r.case_id)
     assert r2.per_step["sqnr_db_floor"][2] == rows.sqnr_db.iloc[2] - 7.0
     assert r2.per_step["step"] == r.per_step["step"]
-    # results keep them (NaN included), goldens do not
+    # a NaN of a defined step stays NaN (the floor fails on it)
+    bad = df.copy()
+    bad.loc[rows.index[1], "sqnr_db"] = float("nan")
+    r3 = next(x for x in as_records(bad, model="m") if x.case_id == r.case_id)
+    assert math.isnan(r3.per_step["sqnr_db_floor"][1])
+    # results keep them (None included), goldens do not
     path = golden.write_results(tmp_path / "r.parquet", list(recs.values()), {})
     back = {x.case_id: x for x in golden.read_results(path)[0]}
     got = back[r.case_id].per_step
-    assert got["step"] == r.per_step["step"] and math.isnan(got["sqnr_db_floor"][0])
+    assert got["step"] == r.per_step["step"] and got["sqnr_db_floor"][0] is None
     assert got["sqnr_db_floor"][1:] == r.per_step["sqnr_db_floor"][1:]
     assert "per_step" in golden.RESULTS_SCHEMA.names and "per_step" not in golden.COLUMNS

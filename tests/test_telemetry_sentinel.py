@@ -155,6 +155,40 @@ def _grad_loop(model, x):
         p.grad = g
 
 
+def _keeps_old_grads(model, x):
+    """A backward that keeps each step's gradients (for a later metric): two live .grad
+    tensors are compared by identity, never by value."""
+    model(x).sum().backward()
+    model.held = [*getattr(model, "held", []), [p.grad for p in model.parameters()]]
+
+
+def _clip_then_grad_metric(model, x):
+    """A clean backward, clip_grad_norm_ (in place: versions move), then a
+    torch.autograd.grad metric that holds the fault."""
+    model(_x(0, 0.0)).sum().backward()
+    nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+    torch.autograd.grad(model(x).sum(), list(model.parameters()))
+
+
+def _grad_loop_copy(model, x):
+    """torch.autograd.grad, then copied into the .grad tensors (zeroed in place before)."""
+    ps = list(model.parameters())
+    for p, g in zip(ps, torch.autograd.grad(model(x).sum(), ps), strict=True):
+        if p.grad is None:
+            p.grad = g.clone()
+        else:
+            p.grad.copy_(g)
+
+
+def _replaces_first_layer(model, x):
+    """model[0] replaced by a new Linear on the second step (after watch): its parameters are
+    read from then on."""
+    model.calls = getattr(model, "calls", 0) + 1
+    if model.calls == 2:
+        model[0] = _eye(nn.Linear(8, 8), 1.0)
+    model(x).sum().backward()
+
+
 def _inference(model, x):
     with torch.inference_mode():
         model(x)
@@ -196,6 +230,18 @@ CASES = {
     "backward NaN, gradients zeroed in place": dict(
         make=_bwd_nan, big=50.0, set_to_none=False,
         want=(FAULT, "1", "module", "grad_input", "backward")),
+    "the previous steps' gradients kept alive, fault on step 1": dict(
+        make=_bwd_nan, big=50.0, fault=1, body=_keeps_old_grads,
+        want=(1, "1", "module", "grad_input", "backward")),
+    "clip_grad_norm_, then a torch.autograd.grad metric": dict(
+        make=_bwd_nan, big=50.0, body=_clip_then_grad_metric,
+        want=(FAULT, "1", "module", "grad_input", "backward")),
+    "torch.autograd.grad copied into .grad zeroed in place": dict(
+        make=_bwd_nan, big=50.0, body=_grad_loop_copy, set_to_none=False,
+        want=(FAULT, "1", "module", "grad_input", "backward")),
+    "first layer replaced after watch, fault on step 2": dict(
+        make=_bwd_nan, big=50.0, fault=2, body=_replaces_first_layer,
+        want=(2, "1", "module", "grad_input", "backward")),
     "backward NaN in the first of two micro-batches": dict(
         make=_bwd_nan, big=50.0, micro=2, fault_in=0,
         want=(FAULT, "1", "module", "grad_input", "backward")),
@@ -303,6 +349,23 @@ def test_the_sentinel_reads_grad_and_hooks_parameters_only_where_backward_writes
     assert hooked == ([0, n, n, n] if how == "autograd.grad" else [0, 0, 0, 0]), counts
     assert t.first_nonfinite() is None
     assert not [w for w in caught if "named no producer" in str(w.message)]
+
+
+def test_gradients_set_under_inference_mode_are_read_without_raising():
+    """An inference tensor has no version counter: its .grad is read at every backward."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(8, 8), nn.Linear(8, 1))
+    with warnings.catch_warnings(record=True) as caught, telemetry.watch(model, every=3) as t:
+        warnings.simplefilter("always")
+        for step in range(5):
+            ps = list(model.parameters())
+            grads = torch.autograd.grad(model(_x(step, 0.0)).sum(), ps)
+            with torch.inference_mode():
+                for p, g in zip(ps, grads, strict=True):
+                    p.grad = g * 1.0
+            t.step()
+    assert t.first_nonfinite() is None
+    assert not [w for w in caught if "numcheck" in str(w.message)]
 
 
 @dataclass

@@ -66,17 +66,17 @@ def _frame(frame_or_t):
     return frame
 
 
-def _by_step(steps: np.ndarray, vals: np.ndarray, at: dict, kind: str) -> list[float]:
+def _by_step(steps: np.ndarray, vals: np.ndarray, at: dict, kind: str) -> list[float | None]:
     """Per step of ``at`` (step -> position), the worst of that step's values (a module called
-    twice in a step: the lower floor, the higher ceiling; a NaN stays NaN); NaN where the step
+    twice in a step: the lower floor, the higher ceiling; a NaN stays NaN); None where the step
     does not define the statistic."""
     out: list[float | None] = [None] * len(at)
     worst = min if kind == "floor" else max
     for step, v in zip(steps.tolist(), vals.tolist()):
         old = out[at[step]]
-        out[at[step]] = v if old is None else math.nan if math.isnan(old) or math.isnan(v) \
-            else worst(old, v)
-    return [math.nan if v is None else float(v) for v in out]
+        out[at[step]] = float(v) if old is None else math.nan \
+            if math.isnan(old) or math.isnan(v) else worst(old, float(v))
+    return out
 
 
 def floors(frame_or_t):
@@ -84,8 +84,8 @@ def floors(frame_or_t):
     the group's columns, ``steps``, ``n`` and one column per gated statistic
     (numcheck.telemetry_rules.STATS keys; NaN where the group never defines it), in the
     frame's row order, and ``per_step``: ``{"step": [steps], key: [the step's value]}`` for the
-    statistics the group defines (the results report's layer x step heatmaps; NaN on a step
-    that does not define it). Groups without any gated statistic are left out."""
+    statistics the group defines (the results report's layer x step heatmaps; None on a step
+    that does not define it, NaN where it came out NaN). Groups without any gated statistic are left out."""
     import pandas as pd
 
     frame = _frame(frame_or_t)

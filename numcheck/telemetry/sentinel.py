@@ -15,10 +15,12 @@ tensor). There the model carries only this sentinel:
   backward;
 * the callback reads the parameters' ``.grad`` that this backward wrote (a new tensor, or one
   accumulated into: its version moved; a tensor hook per parameter cost ~10 us each in the
-  backward, a tenth of a tiny model's sentinel cost on CPU). A backward that wrote no ``.grad``
-  (``torch.autograd.grad``) made its parameter gradients unseen: that step is replayed, naming
-  a producer or nobody, without a warning, and from then on a hook on each parameter keeps its
-  gradient as the backward makes it;
+  backward, a tenth of a tiny model's sentinel cost on CPU). A ``torch.autograd.grad`` writes
+  no ``.grad`` (the output's hook asks the engine, which refuses to say whether it will run a
+  parameter's accumulator there; where torch cannot tell: a backward that wrote no ``.grad``):
+  its parameter gradients went unseen, so that step is replayed, naming a producer or nobody,
+  without a warning, and from then on a hook on each parameter keeps its gradient as the
+  backward makes it;
 * at the end of a backward (before the optimizer) where anything read is not finite, the
   parameters and buffers are copied, and ``step()`` replays the step: those values put back
   into the model, each forward run again from what its pre-hook kept with watch.py's full hooks
@@ -29,7 +31,8 @@ tensor). There the model carries only this sentinel:
 
 What the sentinel cannot see, it cannot replay: a non-finite value that never reaches the
 root's outputs nor a parameter's gradient (produced and then masked, or flowing only into an
-input's gradient), a module called outside the root's forward. A forward that does not run
+input's gradient), a module called outside the root's forward, a backward that does not pass
+through the root's outputs (a separate penalty's ``backward()`` on the parameters). A forward that does not run
 again the same way replays wrong: state outside the parameters and buffers (a counter in a
 Python attribute), arguments inside objects other than tuples, lists and dicts (a dataclass:
 not copied), a TorchFunctionMode or dispatch mode of the user's around the forward,
@@ -62,9 +65,39 @@ def _copy(t: torch.Tensor) -> torch.Tensor:
 
 def _grad_key(p: torch.Tensor) -> tuple:
     """What tells a written ``.grad``: a new tensor (a weak reference: a freed gradient's id
-    may be the next one's) or a moved version (accumulated into, or zeroed in place)."""
+    may be the next one's) or a moved version (accumulated into, or zeroed in place); compared
+    by ``_same``. An inference tensor has no version: a key never equal to another."""
     g = p.grad
-    return (None, 0) if g is None else (weakref.ref(g), g._version)
+    if g is None:
+        return (None, 0)
+    try:
+        return (weakref.ref(g), g._version)
+    except RuntimeError:   # "Inference tensors do not track version counter"
+        return (weakref.ref(g), object())
+
+
+def _same(a: tuple, b: tuple) -> bool:
+    """Two _grad_keys of one gradient: the same tensor, by identity (``==`` on two live
+    weak references compares the tensors element by element), at the same version (``a``: the
+    live one)."""
+    ra, rb = a[0], b[0]
+    if ra is None or rb is None:
+        return ra is rb
+    return ra() is rb() and a[1] == b[1]
+
+
+def _grad_call(p: torch.Tensor) -> bool | None:
+    """Whether the running backward is ``torch.autograd.grad`` (which writes no ``.grad``):
+    the engine refuses to say whether it will run a parameter's gradient accumulator there
+    and answers in a ``.backward()``. None where this torch cannot tell."""
+    try:
+        node = torch.autograd.graph.get_gradient_edge(p).node
+        torch._C._will_engine_execute_node(node)
+    except RuntimeError:
+        return True
+    except Exception:  # noqa: BLE001 - a private API: tell by the .grad written instead
+        return None
+    return False
 
 
 def _set_buffer(root: nn.Module, name: str, value: torch.Tensor | None) -> None:
@@ -111,6 +144,7 @@ class Sentinel:
         self.grad_params: list[nn.Parameter] = []
         self.seen: list[tuple] = []
         self.unsure = False   # a backward's parameter gradients went unseen: replay the step
+        self.grad_call: bool | None = False   # this backward is torch.autograd.grad (_grad_call)
         self.buffer_names: list[str] = []
         self.broken: str | None = None   # why it cannot work for this model: full hooks
 
@@ -122,7 +156,7 @@ class Sentinel:
                                                            with_kwargs=True))
         self.handles.append(root.register_forward_hook(self._guard(self._post),
                                                        with_kwargs=True))
-        self._hook_params()
+        self._guard(self._hook_params)()   # called from t.step(): never raises into it
 
     def _hook_params(self) -> None:
         """The parameters that need a gradient, and a hook on each where their ``.grad`` is not
@@ -218,6 +252,8 @@ class Sentinel:
     def _queue(self) -> None:
         if not self.queued:
             self.queued = True
+            if self.via_grad and self.grad_params:
+                self.grad_call = _grad_call(self.grad_params[0])
             torch.autograd.Variable._execution_engine.queue_callback(
                 self._guard(self._end_of_backward))
 
@@ -233,17 +269,18 @@ class Sentinel:
             self._freeze()
 
     def _read_grads(self) -> None:
-        """The ``.grad`` this backward wrote into ``pending``; where it wrote none, the
-        parameter hooks from now on and this step replayed (the module doc)."""
+        """The ``.grad`` this backward wrote into ``pending``; after a ``torch.autograd.grad``
+        (or, where torch cannot tell, a backward that wrote none), the parameter hooks from
+        now on and this step replayed (the module doc)."""
         written = False
         for i, p in enumerate(self.grad_params):
             key = _grad_key(p)
-            if key != self.seen[i]:
+            if not _same(key, self.seen[i]):
                 self.seen[i] = key
                 if p.grad is not None:   # not just set to None (zero_grad)
                     written = True
                     self.pending.append(p.grad)
-        if not written and self.grad_params:
+        if self.grad_params and (self.grad_call or self.grad_call is None and not written):
             self.via_grad = False
             self.unsure = True
             self._hook_params()

@@ -542,10 +542,13 @@ class Telemetry:
                                          with_kwargs=True))
 
     def _params_key(self) -> tuple:
-        """Which parameters the model's modules have and which need a gradient (the modules
-        of ``watch``: their own parameter dicts, a sixth of ``parameters()``'s walk)."""
+        """Which parameters the model's modules have and which need a gradient, and which
+        submodules they hold (one replaced after ``watch``: its parameters are read); the
+        modules of ``watch``'s own parameter and module dicts, a sixth of ``parameters()``'s
+        walk."""
         return tuple((id(p), p.requires_grad) for m in self._names
-                     for p in m._parameters.values() if p is not None)
+                     for p in m._parameters.values() if p is not None) + \
+            tuple(id(c) for m in self._names for c in m._modules.values())
 
     def _hook_weights(self) -> None:
         for h in self._weight_handles:

@@ -493,3 +493,35 @@ def test_a_layer_unfrozen_after_arming_is_watched(every):
     if every == 1:   # the weight's gradient hook came with it: its row at step FAULT
         rows = t.records().query("module == '0' and role == 'grad_weight'")
         assert list(rows.step) == [FAULT, FAULT + 1]
+
+
+class _SparseEmbed(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.e, self.l = nn.Embedding(10, 8, sparse=True), nn.Linear(8, 8)
+        self.bad = _BadBackward()
+
+    def forward(self, i):
+        return self.l(self.bad(self.e(i) * self.scale))
+
+
+def test_a_sparse_gradient_is_read_and_the_producer_named():
+    """nn.Embedding(sparse=True): its gradient's values are read (the sentinel gave up on the
+    sparse tensor before), and a backward NaN behind it is named as every=1 names it."""
+    def run(every):
+        torch.manual_seed(0)
+        m = _SparseEmbed()
+        opt = torch.optim.SGD(m.parameters(), lr=1e-3)
+        with warnings.catch_warnings(record=True) as caught, \
+                telemetry.watch(m, every=every) as t:
+            warnings.simplefilter("always")
+            for step in range(6):
+                m.scale = 100.0 if step == FAULT else 1e-3
+                opt.zero_grad()
+                m(torch.tensor([1, 2, 3])).sum().backward()
+                t.step()
+        return t.first_nonfinite(), [str(w.message) for w in caught]
+    full, sampled = run(1), run(3)
+    assert full[0] == (FAULT, "bad", "module", "grad_input", "backward")
+    assert sampled[0] == full[0]
+    assert not [w for w in sampled[1] if "numcheck" in w]

@@ -829,6 +829,8 @@ class Telemetry:
         compiled integer max) or a 0-d device flag (the sentinel's reads)."""
         fast, ok = _fast(), True
         for t in ts:
+            if t.layout is torch.sparse_coo:   # nn.Embedding(sparse=True)'s gradient
+                t = t._values()
             f = None
             if fast is not None and t.numel() and fast.handles(t):
                 try:

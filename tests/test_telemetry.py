@@ -548,6 +548,12 @@ def test_a_recipe_named_twice_is_refused(kw):
         telemetry.watch(nn.Linear(4, 4), **kw)
 
 
+def test_a_model_on_the_meta_device_is_refused_naming_the_tensor():
+    model = nn.Sequential(nn.Linear(4, 4), nn.Linear(4, 2)).to("meta")
+    with pytest.raises(UsageError, match=r"0\.weight is on the meta device.*materialized"):
+        telemetry.watch(model)
+
+
 def test_the_layer_shadow_draws_the_live_forwards_dropout_mask():
     # nn.MultiheadAttention in training mode drops attention weights: a shadow drawing its own
     # mask measured the difference of two masks (7 dB on a TransformerEncoder), not the layer

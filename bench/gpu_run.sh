@@ -6,7 +6,8 @@
 # (review them, then copy $OUT/golden/cuda-sm* to golden/ and commit), the markdown report, and
 # the ErrorStats benchmark on CUDA (the fused Triton kernel, the chunked fallback, and a check
 # that their statistics agree: exit 1 if not) and on this host's CPU at 2 threads (another CPU
-# kind than the development machine's). Outputs go to $OUT (default ./out);
+# kind than the development machine's), and numcheck.telemetry's cost on CUDA (the tiny models;
+# tests/test_telemetry_cuda.py runs with the cuda tests). Outputs go to $OUT (default ./out);
 # the dated notes under docs/ are written from them. Runs without installing numcheck (the GPU
 # image has its own CUDA torch): PYTHONPATH and `-p numcheck.plugin`.
 set -u
@@ -31,3 +32,4 @@ step report "$py" -m numcheck report "$OUT/results.parquet" --out "$OUT/report.m
 step triton_interp_vs_compiled "$py" bench/triton_interp_vs_compiled.py
 step bench_cuda "$py" bench/bench_error_stats.py --device cuda
 step bench_cpu env OMP_NUM_THREADS=2 "$py" bench/bench_error_stats.py --device cpu
+step bench_telemetry_cuda "$py" bench/bench_telemetry_overhead.py --device cuda --steps 50

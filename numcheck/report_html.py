@@ -561,7 +561,7 @@ def _telemetry_steps(rs: list[Record], keys: list[str], recipe: str) -> str:
             for step, v in row.items():
                 row[step] = math.nan if v is None else v   # shown as a dash
     flags = per_key.get("nonfinite_ceiling")
-    bad_steps = {step for row in (flags or {}).values() for step, v in row.items() if v}
+    bad_steps = {step for row in (flags or {}).values() for step, v in row.items() if v > 0}
     steps = _shown_steps(sorted({step for cells in per_key.values() for row in cells.values()
                                  for step in row}), bad_steps)
     maps = []
@@ -589,7 +589,7 @@ def _per_step(r: Record, key: str) -> list[tuple[int, float | None]] | None:
         return None
     try:
         return [(int(s), None if v is None else float(v)) for s, v in zip(steps, vals)]
-    except (TypeError, ValueError):
+    except (TypeError, ValueError, OverflowError):
         return None
 
 
@@ -701,11 +701,15 @@ def _step_heatmap(cells: Cells, order: dict, steps: list[int], spec: tuple, reci
 
 def _shown_steps(steps: list[int], keep=()) -> list[int]:
     """The steps a heatmap shows: all of them up to MAX_STEPS, else evenly spaced ones and
-    every step of ``keep`` (the steps with a NaN or Inf: never sampled away)."""
+    each step of ``keep`` (the steps with a NaN or Inf) that follows one not in it: where a
+    run went non-finite is never sampled away, a run that stays non-finite adds no columns
+    (at most MAX_STEPS such onsets)."""
     if len(steps) <= MAX_STEPS:
         return steps
+    keep = set(keep)
+    onsets = [s for prev, s in zip([None, *steps], steps) if s in keep and prev not in keep]
     return sorted({steps[round(i * (len(steps) - 1) / (MAX_STEPS - 1))]
-                   for i in range(MAX_STEPS)} | set(keep))
+                   for i in range(MAX_STEPS)} | set(onsets[:MAX_STEPS]))
 
 
 def _present(sub, column: str) -> bool:

@@ -632,3 +632,26 @@ def test_results_report_per_step_keeps_nonfinite_steps_and_poison_and_skips_malf
     assert float(cells[0].attrs["data-value"]) == 31.0       # undefined in a: b's value
     assert float(cells[s1].attrs["data-value"]) == 29.0      # the worse floor
     assert math.isnan(float(cells[s2].attrs["data-value"]))  # NaN poisons
+
+
+def test_a_run_that_stays_non_finite_adds_one_column_not_one_per_step():
+    """A run that diverges at a step and stays NaN: the onset is drawn, the later NaN steps
+    are sampled like any other; a malformed per_step (an Infinity step, a huge value) is left
+    out without breaking the page."""
+    from numcheck.report_html import MAX_STEPS, _shown_steps
+    n = 20 * MAX_STEPS
+    sampled = _shown_steps(list(range(n)))
+    onset = next(s for s in range(n // 2, n) if s not in sampled)
+    nf = [0.0] * onset + [3.0] * (n - onset)
+    rec = Record(suite="telemetry", family="telemetry", op="telemetry", kernel="linear",
+                 case_id="tiny/mxfp8/fc1/input", output="telemetry", status=Status.PASSED,
+                 metrics={"sqnr_db_floor": 1.0, "nonfinite_ceiling": 3.0},
+                 per_step={"step": list(range(n)), "sqnr_db_floor": [30.0] * n,
+                           "nonfinite_ceiling": nf})
+    odd = rec.replace(case_id="tiny/mxfp8/fc2/input",
+                      per_step={"step": [0, math.inf], "sqnr_db_floor": [1.0, 10 ** 400]})
+    tm = sections(Tree(html_report([rec, odd], PROV)))["telemetry"]
+    table = next(t for d in tm.find("details") if "Per step" in d.find("summary")[0].text()
+                 for t in d.find("table", class_="heatmap"))
+    cells = {int(td.attrs["data-step"]) for td in table.find("tbody")[0].find("td")}
+    assert cells == set(sampled) | {onset} and len(cells) <= MAX_STEPS + 1

@@ -548,10 +548,13 @@ def test_a_recipe_named_twice_is_refused(kw):
         telemetry.watch(nn.Linear(4, 4), **kw)
 
 
-def test_a_model_on_the_meta_device_is_refused_naming_the_tensor():
-    model = nn.Sequential(nn.Linear(4, 4), nn.Linear(4, 2)).to("meta")
-    with pytest.raises(UsageError, match=r"0\.weight is on the meta device.*materialized"):
-        telemetry.watch(model)
+@pytest.mark.parametrize("make", [
+    lambda: nn.Sequential(nn.Linear(4, 4), nn.Linear(4, 2)).to("meta"),
+    lambda: nn.Sequential(nn.LazyLinear(4), nn.Linear(4, 2))])
+def test_a_model_without_values_is_refused_naming_the_tensor(make):
+    with pytest.raises(UsageError, match=r"0\.weight is on the meta device or not "
+                                         r"initialized.*materialized"):
+        telemetry.watch(make())
 
 
 def test_the_layer_shadow_draws_the_live_forwards_dropout_mask():

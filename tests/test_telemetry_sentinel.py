@@ -189,6 +189,14 @@ def _replaces_first_layer(model, x):
     model(x).sum().backward()
 
 
+def _grad_loop_but_first(model, x):
+    """torch.autograd.grad over every parameter but the first: the engine answers for the
+    first (it will not run its accumulator) and refuses for the others."""
+    ps = list(model.parameters())[1:]
+    for p, g in zip(ps, torch.autograd.grad(model(x).sum(), ps), strict=True):
+        p.grad = g
+
+
 def _inference(model, x):
     with torch.inference_mode():
         model(x)
@@ -242,6 +250,9 @@ CASES = {
     "first layer replaced after watch, fault on step 2": dict(
         make=_bwd_nan, big=50.0, fault=2, body=_replaces_first_layer,
         want=(2, "1", "module", "grad_input", "backward")),
+    "torch.autograd.grad over all parameters but the first": dict(
+        make=_bwd_nan, big=50.0, body=_grad_loop_but_first,
+        want=(FAULT, "1", "module", "grad_input", "backward")),
     "backward NaN in the first of two micro-batches": dict(
         make=_bwd_nan, big=50.0, micro=2, fault_in=0,
         want=(FAULT, "1", "module", "grad_input", "backward")),

@@ -86,18 +86,26 @@ def _same(a: tuple, b: tuple) -> bool:
     return ra() is rb() and a[1] == b[1]
 
 
-def _grad_call(p: torch.Tensor) -> bool | None:
+def _grad_call(params: list[torch.Tensor]) -> bool | None:
     """Whether the running backward is ``torch.autograd.grad`` (which writes no ``.grad``):
-    the engine refuses to say whether it will run a parameter's gradient accumulator there
-    and answers in a ``.backward()``. None where this torch cannot tell."""
-    try:
-        node = torch.autograd.graph.get_gradient_edge(p).node
-        torch._C._will_engine_execute_node(node)
-    except RuntimeError:
-        return True
-    except Exception:  # noqa: BLE001 - a private API: tell by the .grad written instead
-        return None
-    return False
+    there the engine refuses to say whether it will run a parameter's gradient accumulator, in
+    a ``.backward()`` it answers. A parameter it will not run (outside this graph, or not among
+    ``inputs=``) tells nothing: the next one is asked. None where no parameter tells (then the
+    ``.grad`` written decides) or this torch cannot tell."""
+    for p in params:
+        try:
+            node = torch.autograd.graph.get_gradient_edge(p).node
+        except Exception:  # noqa: BLE001 - no longer needs a gradient: ask the next one
+            continue
+        try:
+            runs = torch._C._will_engine_execute_node(node)
+        except RuntimeError:
+            return True
+        except Exception:  # noqa: BLE001 - a private API: tell by the .grad written instead
+            return None
+        if runs:
+            return False
+    return None
 
 
 def _set_buffer(root: nn.Module, name: str, value: torch.Tensor | None) -> None:
@@ -253,7 +261,7 @@ class Sentinel:
         if not self.queued:
             self.queued = True
             if self.via_grad and self.grad_params:
-                self.grad_call = _grad_call(self.grad_params[0])
+                self.grad_call = _grad_call(self.grad_params)
             torch.autograd.Variable._execution_engine.queue_callback(
                 self._guard(self._end_of_backward))
 

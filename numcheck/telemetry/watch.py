@@ -322,12 +322,13 @@ class Telemetry:
             raise UsageError(f"watch: model must be an nn.Module, got {type(model).__name__}")
         if int(every) < 1:
             raise UsageError(f"watch: every={every}; give a positive int")
-        meta = next((n for n, t in (*model.named_parameters(), *model.named_buffers())
-                     if t.is_meta), None)
-        if meta is not None:
-            raise UsageError(f"watch: {meta} is on the meta device: no values to measure; "
-                             "watch the model once it is materialized (to_empty() and its "
-                             "initialization)")
+        lazy = next((n for n, t in (*model.named_parameters(), *model.named_buffers())
+                     if t.is_meta or isinstance(t, nn.parameter.UninitializedTensorMixin)), None)
+        if lazy is not None:
+            raise UsageError(f"watch: {lazy} is on the meta device or not initialized yet (a "
+                             "lazy module): no values to measure; watch the model once it is "
+                             "materialized (to_empty() and its initialization, or a first "
+                             "forward of its lazy modules)")
         self.model, self.every, self.enabled, self.shadow = model, int(every), False, shadow
         self._closed = False
         main = _resolve(recipe)

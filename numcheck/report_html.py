@@ -535,7 +535,7 @@ def _telemetry_steps(rs: list[Record], keys: list[str], recipe: str) -> str:
     ``per_step`` values (numcheck.telemetry.floors), steps with non-finite elements outlined
     (their own table only where there are any); folded. Records without per-step values
     (results written before they were recorded) are left out."""
-    from .telemetry_rules import BY_KEY, case_parts
+    from .telemetry_rules import BY_KEY, case_parts, worse
     rs = [r for r in rs if isinstance(r.per_step, dict) and r.per_step.get("step")]
     if not rs:
         return ""
@@ -550,12 +550,8 @@ def _telemetry_steps(rs: list[Record], keys: list[str], recipe: str) -> str:
             if vals is None:
                 continue
             row = per_key[k].setdefault(layer, {})
-            for step, v in vals:
-                # None: the step does not define it; NaN poisons (the worse of two records)
-                old = row.get(step)
-                row[step] = v if old is None else old if v is None else math.nan \
-                    if math.isnan(v) or math.isnan(old) else \
-                    (min if BY_KEY[k].kind == "floor" else max)(old, v)
+            for step, v in vals:   # two records of one layer: the worse value
+                row[step] = worse(BY_KEY[k].kind, row.get(step), v)
     for cells in per_key.values():
         for row in cells.values():
             for step, v in row.items():

@@ -110,6 +110,16 @@ def _unbounded(s: Stat, x) -> bool:
     return isinstance(x, (int, float)) and x == (-math.inf if s.kind == "floor" else math.inf)
 
 
+def worse(kind: str, a: float | None, b: float | None) -> float | None:
+    """The worse of two values of one statistic (``kind``: "floor", lower is worse;
+    "ceiling", higher is worse): None is undefined (the other one stands), a NaN poisons."""
+    if a is None or b is None:
+        return b if a is None else a
+    if math.isnan(a) or math.isnan(b):
+        return math.nan
+    return min(a, b) if kind == "floor" else max(a, b)
+
+
 def slack(stat: Stat, metrics: dict) -> float:
     """The allowed move of ``stat`` (given the golden's metrics: the element count)."""
     if stat.unit == "%":

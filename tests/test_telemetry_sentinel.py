@@ -207,11 +207,16 @@ def _boom_net():
                          nn.Linear(8, 1))
 
 
+def _bwd_case(fault=FAULT, **kw) -> dict:
+    """A case of _bwd_nan's backward NaN at step ``fault``: its producer is module 1."""
+    return dict(make=_bwd_nan, big=50.0, fault=fault,
+                want=(fault, "1", "module", "grad_input", "backward"), **kw)
+
+
 CASES = {
     "forward overflow": dict(make=_fwd_overflow, big=2.0,
                              want=(FAULT, "2", "module", "output", "forward")),
-    "backward NaN": dict(make=_bwd_nan, big=50.0,
-                         want=(FAULT, "1", "module", "grad_input", "backward")),
+    "backward NaN": _bwd_case(),
     "under bf16 autocast": dict(make=_fwd_overflow, big=2.0, autocast=True,
                                 want=(FAULT, "2", "module", "output", "forward")),
     "second micro-batch": dict(make=_fwd_overflow, big=2.0, micro=2,
@@ -230,32 +235,18 @@ CASES = {
         make=lambda: nn.Sequential(_eye(nn.Linear(8, 8), 100.0), nn.BatchNorm1d(8),
                                    nn.Linear(8, 8), Exp(), nn.Dropout(0.3), nn.Linear(8, 4)),
         big=2.0, body=_eval_then_train, want=(FAULT, "3", "module", "output", "forward")),
-    "torch.autograd.grad": dict(make=_bwd_nan, big=50.0, body=_grad_loop,
-                                want=(FAULT, "1", "module", "grad_input", "backward")),
+    "torch.autograd.grad": _bwd_case(body=_grad_loop),
     # the first unrecorded step: its backward wrote no .grad, so the step is replayed
-    "torch.autograd.grad, step 1": dict(make=_bwd_nan, big=50.0, body=_grad_loop, fault=1,
-                                        want=(1, "1", "module", "grad_input", "backward")),
-    "backward NaN, gradients zeroed in place": dict(
-        make=_bwd_nan, big=50.0, set_to_none=False,
-        want=(FAULT, "1", "module", "grad_input", "backward")),
-    "the previous steps' gradients kept alive, fault on step 1": dict(
-        make=_bwd_nan, big=50.0, fault=1, body=_keeps_old_grads,
-        want=(1, "1", "module", "grad_input", "backward")),
-    "clip_grad_norm_, then a torch.autograd.grad metric": dict(
-        make=_bwd_nan, big=50.0, body=_clip_then_grad_metric,
-        want=(FAULT, "1", "module", "grad_input", "backward")),
-    "torch.autograd.grad copied into .grad zeroed in place": dict(
-        make=_bwd_nan, big=50.0, body=_grad_loop_copy, set_to_none=False,
-        want=(FAULT, "1", "module", "grad_input", "backward")),
-    "first layer replaced after watch, fault on step 2": dict(
-        make=_bwd_nan, big=50.0, fault=2, body=_replaces_first_layer,
-        want=(2, "1", "module", "grad_input", "backward")),
-    "torch.autograd.grad over all parameters but the first": dict(
-        make=_bwd_nan, big=50.0, body=_grad_loop_but_first,
-        want=(FAULT, "1", "module", "grad_input", "backward")),
-    "backward NaN in the first of two micro-batches": dict(
-        make=_bwd_nan, big=50.0, micro=2, fault_in=0,
-        want=(FAULT, "1", "module", "grad_input", "backward")),
+    "torch.autograd.grad, step 1": _bwd_case(1, body=_grad_loop),
+    "backward NaN, gradients zeroed in place": _bwd_case(set_to_none=False),
+    "the previous steps' gradients kept alive, fault on step 1": _bwd_case(
+        1, body=_keeps_old_grads),
+    "clip_grad_norm_, then a torch.autograd.grad metric": _bwd_case(body=_clip_then_grad_metric),
+    "torch.autograd.grad copied into .grad zeroed in place": _bwd_case(
+        body=_grad_loop_copy, set_to_none=False),
+    "first layer replaced after watch, fault on step 2": _bwd_case(2, body=_replaces_first_layer),
+    "torch.autograd.grad over all parameters but the first": _bwd_case(body=_grad_loop_but_first),
+    "backward NaN in the first of two micro-batches": _bwd_case(micro=2, fault_in=0),
 }
 
 

@@ -23,13 +23,12 @@ changed batch, step count or architecture reads as changed inputs, not as a regr
 from __future__ import annotations
 
 import hashlib
-import math
 
 import numpy as np
 
 from .. import environment
 from ..records import Record
-from ..telemetry_rules import FAMILY, OUTPUT, STATS
+from ..telemetry_rules import FAMILY, OUTPUT, STATS, worse
 
 __all__ = ["as_records"]
 
@@ -71,11 +70,8 @@ def _by_step(steps: np.ndarray, vals: np.ndarray, at: dict, kind: str) -> list[f
     twice in a step: the lower floor, the higher ceiling; a NaN stays NaN); None where the step
     does not define the statistic."""
     out: list[float | None] = [None] * len(at)
-    worst = min if kind == "floor" else max
     for step, v in zip(steps.tolist(), vals.tolist()):
-        old = out[at[step]]
-        out[at[step]] = float(v) if old is None else math.nan \
-            if math.isnan(old) or math.isnan(v) else worst(old, float(v))
+        out[at[step]] = worse(kind, out[at[step]], float(v))
     return out
 
 

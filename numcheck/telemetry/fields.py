@@ -5,10 +5,12 @@ Every raw field merges by one rule (``FIELDS``: "sum", "max" or "min"), so the s
 accumulates a module called twice in a step, and merges per-rank frames (``merge``);
 percentages and SQNRs are derived afterwards (``derive``), never averaged.
 
-Two accumulations follow those rules: ``Vectors`` (float64 vectors on the tensor's device,
-read back once per step: the CUDA route, and the reference) and the host vectors (``host_*``:
-Python floats, the CPU route of watch.py, fed by numcheck/telemetry/_stats_cpu.py and by
-quantization / shadow fields given as floats or 0-d CPU tensors).
+Rows accumulate on the host (``host_*``: a list of Python floats per row), fed by the CPU
+passes (numcheck/telemetry/_stats_cpu.py, _quant_cpu.py), by fields given as floats or 0-d
+CPU tensors, and by the rows a device computed, read back once per step (``host_rows``: the
+device pass numcheck/telemetry/_stats_cuda.py, and the torch route's fields stacked).
+``tensor_stats`` and ``quant_stats`` are that torch route: the reference of the compiled
+passes, and the route where they do not apply.
 
 Quantization statistics (``quant_stats``) run numcheck's own reference quantizer
 (``Quantizer.format``: encode, decode, saturation) on the observed tensor in float64, as a 2-D
@@ -20,6 +22,7 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
 import torch
 
 from ..quant.fp8 import FP8Quantized
@@ -62,49 +65,16 @@ DERIVED = ("nonfinite", "dynamic_range_binades", "underflow_pct", "saturation_pc
 COLUMNS = KEY + NAMES + DERIVED
 
 
-class Vectors:
-    """Builds and combines raw-field vectors (float64, one device) without leaving the device."""
-
-    def __init__(self, device) -> None:
-        self.identity = torch.tensor(IDENTITY, dtype=torch.float64, device=device)
-        how = [h for _, h in FIELDS]
-        self.is_sum = torch.tensor([h == "sum" for h in how], device=device)
-        self.is_max = torch.tensor([h == "max" for h in how], device=device)
-        self._index: dict[tuple[str, ...], torch.Tensor] = {}  # made once per key set: no
-        # host-to-device copy per call
-
-    def vector(self, values: dict) -> torch.Tensor:
-        """The raw-field vector of ``values``: 0-d tensors (any device) or Python floats (the
-        CPU routes' fields); fields not given hold their rule's identity."""
-        v = self.identity.clone()
-        if values:
-            names = tuple(values)
-            idx = self._index.get(names)
-            if idx is None:
-                idx = self._index[names] = torch.tensor([INDEX[k] for k in names],
-                                                        device=v.device)
-            v.index_copy_(0, idx, torch.stack([
-                t.to(device=v.device, dtype=torch.float64).reshape(())
-                if isinstance(t, torch.Tensor) else
-                torch.full((), float(t), dtype=torch.float64, device=v.device)
-                for t in values.values()]))
-        return v
-
-    def combine(self, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-        return torch.where(self.is_sum, a + b,
-                           torch.where(self.is_max, torch.maximum(a, b), torch.minimum(a, b)))
-
-
-# ---- host accumulation (CPU tensors: Python floats, no torch op per observation) -------------
+# ---- host accumulation (Python floats, no torch op per observation) --------------------------
 # A host vector is a list of len(NAMES) floats, combined field by field with the rules above;
-# max and min propagate NaN as torch.maximum / torch.minimum do on the device vectors, so a
-# host row equals the device row of the same observations.
+# max and min propagate NaN (as torch.maximum / torch.minimum would), sums overflow to inf.
 
 _RULE = {f: ("sum", "max", "min").index(how) for f, how in FIELDS}
 _RULES = tuple(_RULE[f] for f in NAMES)
 PLAIN = NAMES[:8]   # tensor_stats' fields, the first eight of FIELDS
 assert PLAIN == ("calls", "n", "n_nan", "n_inf", "n_zero", "amax", "min_nonzero", "sum_sq")
 PLAIN_IDENTITY = IDENTITY[:8]
+PLAIN_INDEX = tuple(range(8))
 
 
 def _merge(rule: int, a: float, b: float) -> float:
@@ -140,6 +110,20 @@ def host_plain(acc: list[float], p: list[float]) -> None:
     acc[5] = max(acc[5], p[5])
     acc[6] = min(acc[6], p[6])
     acc[7] += p[7]
+
+
+def host_rows(acc: list[float], idx: tuple[int, ...], rows) -> None:
+    """Merge into ``acc``, in place, rows of fields read back from a device: ``rows`` a 2-D
+    numpy array whose column j holds field ``idx[j]`` (FIELDS order); its rows merge by the
+    same rules (a sum, or max / min with NaN propagating, as torch.maximum / minimum)."""
+    if rows.shape[0] == 1:
+        vals = rows[0].tolist()
+    else:
+        with np.errstate(over="ignore", invalid="ignore"):   # inf and NaN as on the device
+            vals = [float(getattr(rows[:, j], ("sum", "max", "min")[_RULES[i]])())
+                    for j, i in enumerate(idx)]
+    for i, x in zip(idx, vals, strict=True):
+        acc[i] = _merge(_RULES[i], acc[i], x)
 
 
 def host_combine(a: list[float], b: list[float]) -> list[float]:

@@ -19,8 +19,10 @@ sentinel.py), which replays a step that went non-finite under these hooks at ``s
 
 Cost: CPU tensors take one compiled pass each (numcheck/telemetry/_stats_cpu.py: all plain
 fields and the finiteness the producer check needs, as Python floats accumulated on the host,
-no torch op per observation); other tensors (CUDA) the torch route of ``fields.tensor_stats``,
-reduced on their device. A step reads each tensor once (``Telemetry._pass``: the finiteness
+no torch op per observation); CUDA tensors the device pass (numcheck/telemetry/_stats_cuda.py:
+one Triton launch writes a tensor's plain fields as rows on its device), and the producer check
+decides at ``step()`` from those rows; where neither applies, the torch route of
+``fields.tensor_stats``. A step reads each tensor once (``Telemetry._pass``: the finiteness
 check, the producer's input statistics and the recorded row share one pass, and a module's
 output met again as the next module's input is not read again). Hooks that run
 inside the root's forward take the watch's own TorchFunctionMode off the mode stack while they
@@ -41,6 +43,7 @@ from torch import nn
 from torch.overrides import TorchFunctionMode
 
 from ..errors import UsageError
+from ..quant.mx import MXFormat
 from ..quant.recipe import QuantRecipe, get_recipe
 from . import fields
 from ._structs import map_tensors
@@ -134,6 +137,13 @@ def _host_plain(t: torch.Tensor, sums: bool = True) -> list[float] | None:
         return _broken(exc)
 
 
+def _read(t: torch.Tensor, full: bool):
+    """A non-empty tensor's plain fields: a host list (_host_plain) or device rows
+    (_dev_rows)."""
+    p = _host_plain(t, full)
+    return p if p is not None else _dev_rows(t)
+
+
 def _host_sqnr(out: torch.Tensor, ref64: torch.Tensor) -> tuple[float, float] | None:
     fast = _fast()
     if fast is None:
@@ -168,8 +178,75 @@ def _broken(exc: Exception) -> None:
                   f"{exc}); using the torch route", RuntimeWarning, stacklevel=4)
 
 
-# Flags of the producer check: Python bools (CPU route, known at once) or 0-d bool tensors on
-# a device (read back at step()).
+# "module": numcheck.telemetry._stats_cuda (the device pass, for CUDA tensors), or None (Triton
+# missing or the kernel failed); "cpu": its copy run by Triton's interpreter, which the tests
+# put here to send CPU tensors through it (absent: CPU tensors never take the pass).
+_KERNEL: dict = {}
+
+
+def _kernel(t: torch.Tensor):
+    if not t.is_cuda:
+        return _KERNEL.get("cpu")
+    if "module" not in _KERNEL:
+        try:
+            _KERNEL["module"] = importlib.import_module("numcheck.telemetry._stats_cuda")
+        except Exception as exc:  # noqa: BLE001 - ImportError, or a Triton that fails to load
+            warnings.warn(f"numcheck.telemetry: no Triton ({type(exc).__name__}: {exc}); CUDA "
+                          "tensors take the torch route (~20 kernel launches a tensor)",
+                          RuntimeWarning, stacklevel=5)
+            _KERNEL["module"] = None
+    return _KERNEL["module"]
+
+
+def _dev_rows(t: torch.Tensor) -> torch.Tensor:
+    """A non-empty tensor's fields.PLAIN as rows on its device, read at step(): (r, 8) float64
+    from the device pass (one kernel launch), or (1, 8) from the torch route
+    (fields.tensor_stats) where the pass does not apply or failed."""
+    k = _kernel(t)
+    if k is not None and k.handles(t):
+        try:
+            return k.plain_rows(t)
+        except Exception as exc:  # noqa: BLE001 - a GPU or Triton the kernel does not build on
+            _KERNEL["module" if t.is_cuda else "cpu"] = None
+            warnings.warn(f"numcheck.telemetry: the device pass failed ({type(exc).__name__}: "
+                          f"{exc}); using the torch route", RuntimeWarning, stacklevel=5)
+    return torch.stack([v.to(torch.float64) for v in fields.tensor_stats(t).values()])[None]
+
+
+def _dev_quant(t: torch.Tensor, quantizer, acc: list[float]) -> tuple | None:
+    """fields.quant_stats(t, quantizer) as _dev_part gives it: for an MX format, the device
+    pass's rows (_stats_cuda.mx_rows, one launch; q_n merged into ``acc``), else the
+    reference quantizer's torch ops, stacked."""
+    fmt = quantizer.format
+    k = _kernel(t)
+    if k is not None and type(fmt) is MXFormat and t.dim() >= 1 and k.handles(t):
+        try:
+            rows = k.mx_rows(t, fmt)
+        except Exception as exc:  # noqa: BLE001 - as in _dev_rows
+            _KERNEL["module" if t.is_cuda else "cpu"] = None
+            warnings.warn(f"numcheck.telemetry: the device pass failed ({type(exc).__name__}: "
+                          f"{exc}); using the torch route", RuntimeWarning, stacklevel=4)
+        else:
+            fields.host_update(acc, {"q_n": float(t.numel())})
+            return k.MX_INDEX, rows
+    return _dev_part(fields.quant_stats(t, quantizer), acc)
+
+
+def _dev_part(values: dict, acc: list[float]) -> tuple | None:
+    """Split fields (name -> 0-d tensor or float): floats merged into the host vector ``acc``
+    now, tensors as one device row (field indices, (1, k) float64) to merge at step()."""
+    dev = {k: v for k, v in values.items() if isinstance(v, torch.Tensor) and not v.is_cpu}
+    host = {k: v for k, v in values.items() if k not in dev}
+    if host:
+        fields.host_update(acc, host)
+    if not dev:
+        return None
+    return (tuple(fields.INDEX[k] for k in dev),
+            torch.stack([v.to(torch.float64).reshape(()) for v in dev.values()])[None])
+
+
+# The sentinel's flags: Python bools (CPU tensors, known at once) or 0-d bool tensors on a
+# device (read back at step()).
 def _and(a, b):
     if isinstance(a, bool):
         if isinstance(b, bool):
@@ -180,9 +257,69 @@ def _and(a, b):
     return a & b.to(a.device)
 
 
-def _and_not(a, b):
-    """a and not b."""
-    return _and(a, (not b) if isinstance(b, bool) else ~b)
+class _Pending:
+    """The producer check's statistics of some tensors, part of them still on a device: the
+    host part (fields.PLAIN floats, or None) and device row blocks ((r, 8) float64, fields.PLAIN
+    rows that merge by fields.FIELDS' rules), read at step(). Observations of CPU tensors alone
+    stay plain host lists (``_merge_obs``), known at once."""
+
+    __slots__ = ("host", "rows")
+
+    def __init__(self, host: list[float] | None, rows: tuple) -> None:
+        self.host, self.rows = host, rows
+
+
+def _merge_obs(a, b):
+    """Two producer-check observations (None: no tensors; a host list of fields.PLAIN; a
+    _Pending) as one; the arguments are left as they are."""
+    if a is None or b is None:
+        return b if a is None else a
+    ha, ra = (a, ()) if isinstance(a, list) else (a.host, a.rows)
+    hb, rb = (b, ()) if isinstance(b, list) else (b.host, b.rows)
+    if ha is None or hb is None:
+        h = hb if ha is None else ha
+    else:
+        h = list(ha)
+        fields.host_plain(h, hb)
+    return _Pending(h, ra + rb) if ra or rb else h
+
+
+def _finite(obs, got: dict | None = None) -> bool:
+    """No NaN and no Inf in the observed tensors (``got``: id -> the rows read back, for a
+    _Pending)."""
+    if obs is None:
+        return True
+    if isinstance(obs, list):
+        return obs[2] + obs[3] == 0
+    if obs.host is not None and obs.host[2] + obs.host[3] != 0:
+        return False
+    return all(not (got[id(x)][:, 2:4] != 0).any() for x in obs.rows)
+
+
+def _plain_of(obs, got: dict) -> list[float] | None:
+    """The observed tensors' fields.PLAIN, merged (None: no tensors)."""
+    if obs is None or isinstance(obs, list):
+        return obs
+    h = list(fields.PLAIN_IDENTITY if obs.host is None else obs.host)
+    for x in obs.rows:
+        fields.host_rows(h, fields.PLAIN_INDEX, got[id(x)])
+    return h
+
+
+def _read_back(tensors) -> dict:
+    """id -> numpy copy of each tensor (2-D), one device-to-host copy per device."""
+    by_dev: dict = {}
+    for x in tensors:
+        by_dev.setdefault(x.device, []).append(x)
+    got = {}
+    for xs in by_dev.values():
+        flat = torch.cat([x.reshape(-1) for x in xs]).cpu().numpy()
+        at = 0
+        for x in xs:
+            k = x.numel()
+            got[id(x)] = flat[at:at + k].reshape(x.shape)
+            at += k
+    return got
 
 
 def _eager(fn):
@@ -344,19 +481,20 @@ class Telemetry:
             dist = torch.distributed
             rank = dist.get_rank() if dist.is_available() and dist.is_initialized() else 0
         self.rank, self.step_index, self.busy = rank, 0, False
-        # per row key: [host vector (list of floats: CPU route) or None, device vector or None]
+        # per row key: [host vector (floats), device parts: (field indices, (r, k) rows)]
         self._acc: dict[tuple, list] = {}
-        self._events: list[tuple] = []        # (module, op, role, pass, flag, input vector)
+        # producer checks: (module, op, role, pass, flag (None: read at step()), what the call
+        # consumed, what it made): observations (_merge_obs) of both
+        self._events: list[tuple] = []
         self._rows: list[dict] = []
         self._first: NonFinite | None = None
-        self._vec: fields.Vectors | None = None
-        # running modules, innermost last: (name, (inputs finite, their stats) read before
-        # the forward ran, or None when not checking)
-        self._stack: list[tuple[str, tuple | None]] = []
-        # per forward call of a module in this step: [grad_output finite, its stats], filled
+        # running modules, innermost last: (name, the observation of its inputs read before
+        # the forward ran, or None)
+        self._stack: list[tuple] = []
+        # per forward call of a module in this step: [its grad_outputs' observation], filled
         # by that call's grad_output hooks, read by its grad_input hooks and the weight's
         self._cells: dict[str, list[list]] = {}
-        # this step's compiled-pass fields per tensor (``_pass``): id -> (weakref, tag, fields)
+        # this step's plain fields per tensor (``_pass``): id -> (weakref, tag, fields, full)
         self._memo: dict[int, tuple] = {}
         self._forwards = 0   # forward passes of the root so far: a tag of ``_memo``'s entries
         self._leaf_handles: list = []     # tensor hooks on leaf tensors: removed at step end
@@ -622,13 +760,11 @@ class Telemetry:
                     rec = bool(op) and self.recording
                     if self._checking() and outs:
                         if pre is not None:
-                            ok, vec = pre
                             # an output that is one of the inputs is read again: a write
                             # through .data changes it behind its version counter
-                            fin, _ = self._observe(outs, stats=False, full=rec,
-                                                   fresh={id(t) for t in ins})
-                            self._event(name, op or "module", "output", "forward",
-                                        _and_not(ok, fin), vec)
+                            self._event(name, op or "module", "output", "forward", pre,
+                                        self._observe(outs, full=rec,
+                                                      fresh={id(t) for t in ins}))
                         else:
                             self._check(name, op or "module", "output", "forward",
                                         ins + _own_params(mod), outs,
@@ -661,7 +797,7 @@ class Telemetry:
         called twice checks each call's grad_input against that call's grad_output. Hooks on
         leaf tensors (a Parameter fed to a module) outlive the graph: their handles are kept
         and removed at the step's end, on disable() and on close()."""
-        cell: list = [None, None]   # [grad_output finite, its stats]
+        cell: list = [None]   # [the grad_outputs' observation]
         self._cells.setdefault(name, []).append(cell)
         for t in outs:
             if t.requires_grad:
@@ -714,9 +850,8 @@ class Telemetry:
             gs = [grad_inputs[i] for i in edges if grad_inputs[i] is not None]
             if gs:
                 with _NoGrad():
-                    fin, _ = self._observe(gs, stats=False)
-                    self._event(name, op, "grad_input", "backward", _and_not(cell[0], fin),
-                                cell[1])
+                    self._event(name, op, "grad_input", "backward", cell[0],
+                                self._observe(gs))
             return None
         return hook
 
@@ -734,11 +869,9 @@ class Telemetry:
             if not self.enabled or self.busy:
                 return None
             with _NoGrad():
-                if self._checking():
-                    ok, vec = self._observe([grad], full=bool(op) and self.recording)
-                    if cell[0] is not None:    # a call with several outputs
-                        ok, vec = _and(cell[0], ok), self._combine(cell[1], vec)
-                    cell[0], cell[1] = ok, vec
+                if self._checking():   # (a call with several outputs: merged)
+                    cell[0] = _merge_obs(cell[0],
+                                         self._observe([grad], full=bool(op) and self.recording))
                 if op and self.recording:
                     self._add(name, op, "grad_output", grad)
             return None
@@ -750,10 +883,8 @@ class Telemetry:
                 return None
             with _NoGrad():
                 if check and self._checking() and cell[0] is not None:
-                    fin, _ = self._observe([grad], stats=False,
-                                           full=op != "module" and self.recording)
-                    self._event(name, op, "grad_input", "backward", _and_not(cell[0], fin),
-                                cell[1])
+                    self._event(name, op, "grad_input", "backward", cell[0],
+                                self._observe([grad], full=op != "module" and self.recording))
                 if op != "module" and self.recording:
                     self._add(name, op, "grad_input", grad)
             return None
@@ -766,13 +897,13 @@ class Telemetry:
             with _NoGrad():
                 # the weight's gradient sums every call of the step: finite grad_outputs of
                 # all the calls whose backward has run, and a non-finite sum, name it
-                cells = [c for c in self._cells.get(name, ()) if c[0] is not None]
+                cells = [c[0] for c in self._cells.get(name, ()) if c[0] is not None]
                 if self._checking() and cells:
-                    ok, vec = cells[0]
+                    ins = cells[0]
                     for c in cells[1:]:
-                        ok, vec = _and(ok, c[0]), self._combine(vec, c[1])
-                    fin, _ = self._observe([grad], stats=False, full=self.recording)
-                    self._event(name, op, "grad_weight", "backward", _and_not(ok, fin), vec)
+                        ins = _merge_obs(ins, c)
+                    self._event(name, op, "grad_weight", "backward", ins,
+                                self._observe([grad], full=self.recording))
                 if self.recording:
                     self._add(name, op, "grad_weight", grad)
             return None
@@ -786,7 +917,7 @@ class Telemetry:
             # its backward rows (grad_output, grad_input): tensor hooks, recording only; the
             # backward producer check stays with the modules (an op's cell is not one of its
             # module's calls, whose weight gradient check reads them)
-            cell: list = [None, None]
+            cell: list = [None]
             for t in outs:
                 if t.requires_grad:
                     self._keep(t, t.register_hook(self._gout(name, op, cell)))
@@ -804,30 +935,23 @@ class Telemetry:
 
     # ---- recording -----------------------------------------------------------------------
 
-    def _vectors(self, like: torch.Tensor) -> fields.Vectors:
-        if self._vec is None:
-            self._vec = fields.Vectors(like.device)
-        return self._vec
-
-    def _pass(self, t: torch.Tensor, full: bool, fresh: bool = False) -> list[float] | None:
-        """t's plain fields from the compiled pass (None: not a CPU tensor the pass takes),
-        computed once per step: a tensor met again (one module's output is the next one's
-        input, a container's input its first child's) takes the fields stored for it, while
-        it is the same object with the same version, storage and forward pass (a parameter's
-        ``.data`` can be written behind its version counter, between forwards: the optimizer's
-        step); the integer pass's fields (sum_sq NaN) do not answer ``full``; ``fresh``: read
-        it again (and store that)."""
+    def _pass(self, t: torch.Tensor, full: bool, fresh: bool = False):
+        """t's plain fields: a host list (fields.PLAIN, the compiled CPU pass) or a device row
+        block (_dev_rows, read at step()), computed once per step: a tensor met again (one
+        module's output is the next one's input, a container's input its first child's) takes
+        the fields stored for it, while it is the same object with the same version, storage
+        and forward pass (a parameter's ``.data`` can be written behind its version counter,
+        between forwards: the optimizer's step); the CPU integer pass's fields (sum_sq NaN) do
+        not answer ``full``; ``fresh``: read it again (and store that)."""
         e = self._memo.get(id(t))
         try:
             tag = (t._version, t.data_ptr(), self._forwards)
         except RuntimeError:   # an inference tensor keeps no version counter: no memo
-            return _host_plain(t, full)
-        if not fresh and e is not None and e[1] == tag and e[0]() is t and \
-                (not full or e[2][7] == e[2][7]):
+            return _read(t, full)
+        if not fresh and e is not None and e[1] == tag and e[0]() is t and (e[3] or not full):
             return e[2]
-        p = _host_plain(t, full)
-        if p is not None:
-            self._memo[id(t)] = (weakref.ref(t), tag, p)
+        p = _read(t, full)
+        self._memo[id(t)] = (weakref.ref(t), tag, p, not isinstance(p, list) or p[7] == p[7])
         return p
 
     @staticmethod
@@ -847,63 +971,41 @@ class Telemetry:
             ok = _and(ok, torch.isfinite(t.detach()).all() if f is None else f)
         return ok
 
-    def _observe(self, ts: list[torch.Tensor], stats: bool = True, full: bool = False,
-                 fresh: set = frozenset()):
-        """(all of ts finite, their plain statistics combined) for the producer check: a flag
-        (bool, or a device tensor) and a vector (host list of fields.PLAIN, device vector, or
-        None for no tensors; ``stats=False``: None, unless the CPU pass gave it anyway). CPU
-        tensors take the compiled pass (``_pass``); the others the torch route on their
-        device. On CPU only the integer pass runs (sum_sq NaN: NonFinite.inputs does not
-        show it) unless ``full``: the hook records these tensors next. Tensors whose id is in
+    def _observe(self, ts: list[torch.Tensor], full: bool = False, fresh: set = frozenset()):
+        """What the producer check reads of ts: their finiteness and plain statistics, as one
+        observation (_merge_obs; None for no tensors). CPU tensors take the compiled pass; on
+        CPU only its integer half runs (sum_sq NaN: NonFinite.inputs does not show it)
+        unless ``full``: the hook records these tensors next. Tensors whose id is in
         ``fresh`` are read again, not taken from the step's memo."""
-        ok, vec = True, None
+        obs = None
         for t in ts:
             if t.numel() == 0:   # nothing to read: finite, identity statistics
-                if stats and vec is None:
-                    vec = list(fields.PLAIN_IDENTITY)
-                continue
-            p = self._pass(t, full, id(t) in fresh)
-            if p is not None:
-                ok = _and(ok, p[2] + p[3] == 0)   # no NaN, no Inf
-                s = p
+                p = list(fields.PLAIN_IDENTITY)
             else:
-                ok = _and(ok, torch.isfinite(t.detach()).all())
-                if not stats:
-                    continue
-                v = self._vectors(t)
-                s = v.vector(fields.tensor_stats(t.to(v.identity.device)))
-            vec = s if vec is None else self._combine(vec, s)
-        return ok, vec
-
-    def _combine(self, a, b):
-        """Two producer-input vectors: host lists (fields.PLAIN) or device vectors."""
-        if a is None or b is None:
-            return b if a is None else a
-        if isinstance(a, list) and isinstance(b, list):
-            out = list(a)
-            fields.host_plain(out, b)
-            return out
-        if isinstance(a, list):
-            a, b = b, a
-        v = self._vectors(a)
-        if isinstance(b, list):
-            b = v.vector(dict(zip(fields.PLAIN, b, strict=True)))
-        return v.combine(a, b.to(a.device))
+                p = self._pass(t, full, id(t) in fresh)
+            obs = _merge_obs(obs, p if isinstance(p, list) else _Pending(None, (p,)))
+        return obs
 
     def _check(self, name, op, role, pass_, ins, outs, full: bool = False) -> None:
         ins = [t for t in ins if t.is_floating_point()]
-        ok, vec = self._observe(ins, full=full)
-        fin, _ = self._observe(outs, stats=False, full=full)
-        self._event(name, op, role, pass_, _and_not(ok, fin), vec if ins else None)
+        self._event(name, op, role, pass_, self._observe(ins, full=full),
+                    self._observe(outs, full=full))
 
-    def _event(self, name, op, role, pass_, flag, vec) -> None:
-        self._events.append((name, op, role, pass_, flag, vec))
+    def _event(self, name, op, role, pass_, ins, outs) -> None:
+        """A producer check: the call consumed ``ins`` and made ``outs`` (observations); it
+        produced a non-finite value where all of ins are finite and some of outs is not,
+        decided now where both are on the host, at step() otherwise."""
+        flag = None
+        if not isinstance(ins, _Pending) and not isinstance(outs, _Pending):
+            flag = _finite(ins) and not _finite(outs)
+        self._events.append((name, op, role, pass_, flag, ins, outs))
 
     def _add(self, name, op, role, t: torch.Tensor, extra: dict | None = None) -> None:
         """Accumulate t's statistics into every row it belongs to (the recipe's and each
-        what-if's for a quantized role of a linear layer). A CPU tensor's row lives on the
-        host (Python floats: the compiled pass, and quantization / shadow fields given as
-        floats or 0-d tensors); other tensors' rows on their device (read at step())."""
+        what-if's for a quantized role of a linear layer). A row's host vector takes the
+        fields known as floats (the compiled CPU passes; quantization / shadow fields given
+        as floats or CPU tensors); fields on a device wait as device parts (read at
+        step())."""
         if t.numel() == 0:
             return
         tags = [("", None, False)]
@@ -913,32 +1015,26 @@ class Telemetry:
                 tags.insert(0, ("", None, False))
         pass_ = "backward" if role.startswith("grad") else "forward"
         p = self._pass(t, True)
-        if p is not None:
-            qs = _host_quants(t, [q for _, q, _ in tags])
-            for (tag, _, what_if), q in zip(tags, qs, strict=True):
-                slot = self._acc.get((name, op, role, pass_, tag, what_if))
-                if slot is None:
-                    slot = self._acc[(name, op, role, pass_, tag, what_if)] = [None, None]
-                if slot[0] is None:
-                    slot[0] = fields.host_identity()
-                h = slot[0]
+        host = isinstance(p, list)
+        qs = _host_quants(t, [q for _, q, _ in tags]) if host else None
+        for i, (tag, quantizer, what_if) in enumerate(tags):
+            slot = self._acc.get((name, op, role, pass_, tag, what_if))
+            if slot is None:
+                slot = self._acc[(name, op, role, pass_, tag, what_if)] = \
+                    [fields.host_identity(), []]
+            h = slot[0]
+            if host:
                 fields.host_plain(h, p)
                 if extra:
                     fields.host_update(h, extra)
-                if q is not None:
-                    fields.host_update(h, q)
-            return
-        v = self._vectors(t)
-        t = t.to(v.identity.device)
-        base = {**fields.tensor_stats(t), **(extra or {})}
-        for tag, quantizer, what_if in tags:
-            d = dict(base)
-            if quantizer is not None:
-                d.update(fields.quant_stats(t, quantizer))
-            key = (name, op, role, pass_, tag, what_if)
-            vec = v.vector(d)
-            slot = self._acc.setdefault(key, [None, None])
-            slot[1] = vec if slot[1] is None else v.combine(slot[1], vec)
+                if qs[i] is not None:
+                    fields.host_update(h, qs[i])
+                continue
+            slot[1].append((fields.PLAIN_INDEX, p))
+            for part in (_dev_part(extra, h) if extra else None,
+                         None if quantizer is None else _dev_quant(t, quantizer, h)):
+                if part is not None:
+                    slot[1].append(part)
 
     def _record_forward(self, mod, name, op, args, kwargs, ins, outs) -> None:
         for t in ins:
@@ -1025,43 +1121,31 @@ class Telemetry:
             mode.__exit__(None, None, None)
 
     def _flush(self) -> None:
-        """The step's rows: device vectors and device flags stacked and read with one .cpu()
-        (none on a CPU-only model: the host rows are Python floats already)."""
-        keys = list(self._acc)
-        dev = [self._acc[k][1] for k in keys if self._acc[k][1] is not None]
-        parts = [torch.stack(dev).flatten()] if dev else []
+        """The step's rows and its first producer: the device parts of its rows and of its
+        producer checks read with one device-to-host copy per device (none on a CPU-only
+        model: its host rows are Python floats already), then merged on the host."""
         ev = self._events if self._first is None else []
-        dflags = [e[4] for e in ev if isinstance(e[4], torch.Tensor)]
-        if dflags:
-            dev0 = parts[0].device if parts else dflags[0].device
-            parts.append(torch.stack([f.to(dev0) for f in dflags]).to(torch.float64))
-        host = torch.cat([p.to(parts[0].device) for p in parts]).cpu().tolist() if parts else []
-        nf = len(fields.NAMES)
-        at = 0
-        for k in keys:
-            h, d = self._acc[k]
-            if d is not None:
-                raw, at = host[at:at + nf], at + nf
-                if h is not None:   # a row fed by CPU and device tensors alike
-                    raw = fields.host_combine(h, raw)
-            else:
-                raw = h
+        pending = {id(x): x for slot in self._acc.values() for _, x in slot[1]}
+        for e in ev:
+            if e[4] is None:
+                pending.update((id(x), x) for o in e[5:] if isinstance(o, _Pending)
+                               for x in o.rows)
+        got = _read_back(pending.values()) if pending else {}
+        for k, (raw, parts) in self._acc.items():
+            for idx, x in parts:
+                fields.host_rows(raw, idx, got[id(x)])
             self._rows.append({"step": self.step_index, "rank": self.rank, "module": k[0],
                                "op": k[1], "role": k[2], "pass": k[3], "recipe": k[4],
                                "what_if": k[5], **dict(zip(fields.NAMES, raw, strict=True))})
-        if ev:
-            flags = iter(host[at:])
-            hit = next((e for e in ev
-                        if (e[4] if isinstance(e[4], bool) else next(flags))), None)
-            if hit is not None:
-                nf_ = NonFinite(self.step_index, *hit[:4])
-                vec = hit[5]
-                if isinstance(vec, torch.Tensor):
-                    vec = vec.cpu().tolist()
-                raw = {} if vec is None else dict(zip(fields.NAMES, vec))
-                nf_.inputs = {k: raw[k] for k in ("n", "n_nan", "n_inf", "amax",
-                                                              "min_nonzero")} if raw else {}
-                self._first = nf_
+        hit = next((e for e in ev if (e[4] if e[4] is not None else
+                                      _finite(e[5], got) and not _finite(e[6], got))), None)
+        if hit is not None:
+            first = NonFinite(self.step_index, *hit[:4])
+            vec = _plain_of(hit[5], got)
+            raw = {} if vec is None else dict(zip(fields.NAMES, vec))
+            first.inputs = {k: raw[k] for k in ("n", "n_nan", "n_inf", "amax",
+                                                "min_nonzero")} if raw else {}
+            self._first = first
         self._acc.clear()
         self._events.clear()
 

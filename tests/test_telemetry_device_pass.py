@@ -1,0 +1,359 @@
+"""numcheck/telemetry/_stats_cuda.py, the device pass of the telemetry's plain statistics (one
+Triton launch per tensor on CUDA), checked without a GPU: its arithmetic under Triton's
+interpreter against fields.tensor_stats (the torch route) on every dtype with NaN, Inf, zeros,
+subnormals, odd sizes, several programs and non-contiguous views; its compile for sm_90; whole
+watched runs through it against the compiled CPU pass (the same records, the same producer),
+and the kernel launches a recorded step adds: one per tensor read, one concatenation, nothing
+else. tests/test_telemetry_cuda.py runs it compiled on a GPU.
+
+The interpreter runs ``tl.sum`` only where TRITON_INTERPRET was set before triton's import, so
+the interpreted checks run in a subprocess."""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+triton = pytest.importorskip("triton")
+
+
+def _interpreted(script: str) -> None:
+    env = {**os.environ, "TRITON_INTERPRET": "1"}
+    res = subprocess.run([sys.executable, "-c", script, os.path.dirname(__file__)],
+                         capture_output=True, text=True, timeout=900, env=env)
+    assert res.returncode == 0 and res.stdout.strip().endswith("ok"), \
+        (res.stdout[-3000:], res.stderr[-3000:])
+
+
+_ARITHMETIC = """
+import math, sys
+import torch
+sys.path.insert(0, sys.argv[1])
+import test_telemetry_fast as F
+from numcheck.telemetry import _stats_cuda as K, fields
+
+def merged(t):
+    rows = K.plain_rows(t)
+    assert rows.dtype == torch.float64 and rows.shape[1] == 8, rows.shape
+    acc = list(fields.PLAIN_IDENTITY)
+    fields.host_rows(acc, fields.PLAIN_INDEX, rows.numpy())
+    return acc, rows.shape[0]
+
+big = K._PER * 2 + 77   # three programs, the last one ragged
+for dtype in F.DTYPES:
+    gen = torch.Generator().manual_seed(3)
+    for n in (*F.SIZES, big):
+        x = F._values(n, dtype, gen)
+        for t in (x, x[::2], x.reshape(-1, 1).expand(-1, 2).t()):   # and two non-contiguous
+            if t.numel() == 0:
+                continue
+            got, programs = merged(t)
+            want = [float(v) for v in fields.tensor_stats(t).values()]
+            assert got[:7] == want[:7], (dtype, n, got, want)   # counts, amax, min: bitwise
+            assert math.isclose(got[7], want[7], rel_tol=F._sum_tol(t.numel())) or \\
+                got[7] == want[7], (dtype, n, got[7], want[7])
+            assert programs == -(-t.numel() // K._PER), (t.numel(), programs)
+# no finite element: amax 0, no smallest non-zero (inf), sum_sq 0, as the torch route
+for dtype in F.DTYPES:
+    t = torch.tensor([math.nan, -math.inf, 0.0], dtype=dtype)
+    assert merged(t)[0] == [float(v) for v in fields.tensor_stats(t).values()]
+print("ok")
+"""
+
+
+def test_device_pass_equals_the_torch_route_under_the_interpreter():
+    _interpreted(_ARITHMETIC)
+
+
+_MX = """
+import sys
+import torch
+sys.path.insert(0, sys.argv[1])
+import test_telemetry_quant_cpu as Q
+from numcheck.quant.mx import MXFormat
+from numcheck.telemetry import _stats_cuda as K, fields
+
+fmts = {n: f for n, f in Q.FORMATS.items() if type(f) is MXFormat}
+fmts["mx_e4m3_k24"] = MXFormat("e4m3", 24)   # a block that is no power of two
+assert len(fmts) >= 10, list(fmts)
+shapes = Q.SHAPES if sys.argv[2] == "all" else ((3, 45), (1, 1), (2, 5, 40))
+for name, fmt in fmts.items():
+    for dtype in Q.DTYPES:
+        for dist in Q.DISTS:
+            for shape in shapes:
+                t = Q._values(dist, shape, dtype, 7)
+                ref = {k: v.item() for k, v in fields.quant_stats(t, Q._Q(fmt)).items()}
+                got = fields.host_identity()
+                fields.host_rows(got, K.MX_INDEX, K.mx_rows(t, fmt).numpy())
+                got = {k: got[fields.INDEX[k]] for k in K.MX_FIELDS}
+                Q._assert_matches({**got, "q_n": float(t.numel())}, ref,
+                                  f"{name} {dtype} {dist} {shape}")
+print("ok")
+"""
+
+
+def _mx_sweep(shapes: str) -> None:
+    env = {**os.environ, "TRITON_INTERPRET": "1"}
+    res = subprocess.run([sys.executable, "-c", _MX, os.path.dirname(__file__), shapes],
+                         capture_output=True, text=True, timeout=1800, env=env)
+    assert res.returncode == 0 and res.stdout.strip().endswith("ok"), \
+        (res.stdout[-3000:], res.stderr[-3000:])
+
+
+def test_mx_statistics_equal_the_reference_under_the_interpreter():
+    """The MX kernel (_stats_cuda.mx_rows) against fields.quant_stats (numcheck's reference
+    quantizer in float64): every MX format the recipes reach and the others of the family
+    (rceil, e5m2, blocks of 16 and 24), every dtype, tests/test_telemetry_quant_cpu.py's
+    distributions (NaN and Inf blocks, zero blocks, near overflow, subnormals, ties) and its
+    bounds: counts and scale exponents bitwise, float sums within their order's bound."""
+    _mx_sweep("some")
+
+
+@pytest.mark.slow
+def test_mx_statistics_equal_the_reference_on_every_shape():
+    _mx_sweep("all")
+
+
+def test_device_pass_compiles_for_sm90():
+    """Without a GPU: Triton compiles the kernels (plain statistics; MX with floor and rceil
+    scales, a block of 32 and one of 24) to a cubin for sm_90 (front end, MLIR passes, ptxas)
+    for every dtype they read, with nothing spilled to local memory."""
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    from numcheck.telemetry import _stats_cuda as K
+    ptr = {2: "*i16", 4: "*i32", 8: "*i64"}
+    for dtype in K._BITS:
+        sig = dict(zip(K._plain.arg_names, [ptr[dtype.itemsize], "*fp64", "i64", "i64"]))
+        const = K.constants(dtype)
+        sig.update(dict.fromkeys(const, "constexpr"))
+        kernel = triton.compile(ASTSource(K._plain, sig, const),
+                                target=GPUTarget("cuda", 90, 32),
+                                options={"enable_fp_fusion": False})
+        assert "cubin" in kernel.asm and "st.local" not in kernel.asm["ptx"], dtype
+        for block, rceil in ((32, False), (32, True), (24, False)):   # the MX kernel
+            sig = dict(zip(K._mx.arg_names, [ptr[dtype.itemsize], "*fp64", *["i64"] * 4]))
+            const = {**K.constants(dtype), "K": block, "KP": 32, "BLOCKS": K._BLOCKS,
+                     "EMIN": -6, "EMAX": 8, "MBITS": 3, "FMAX": 448.0, "THR": 464.0,
+                     "RCEIL": rceil}
+            sig.update(dict.fromkeys(const, "constexpr"))
+            kernel = triton.compile(ASTSource(K._mx, sig, const),
+                                    target=GPUTarget("cuda", 90, 32),
+                                    options={"enable_fp_fusion": False})
+            assert "cubin" in kernel.asm and "st.local" not in kernel.asm["ptx"], \
+                (dtype, block, rceil)
+
+
+_WATCHED = """
+import collections, importlib, sys
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+sys.path.insert(0, sys.argv[1])
+import test_telemetry_fast as F
+from numcheck import telemetry
+from numcheck.telemetry import _stats_cuda as K
+W = importlib.import_module("numcheck.telemetry.watch")
+torch.set_num_threads(1)
+
+def run(bf16, **kw):
+    m = F._bf16_model()
+    m = m if bf16 else m.float()
+    with telemetry.watch(m, **kw) as t:
+        for k in range(3):
+            x = torch.randn(5, 16, generator=torch.Generator().manual_seed(k))
+            m[3].k = 1.0 if k < 2 else 300.0   # exp overflows on the last step
+            m(x.to(next(m.parameters()).dtype)).float().sum().backward()
+            t.step()
+    return t.records(), t.first_nonfinite()
+
+def nan_input():
+    # a NaN fed in on step 0 (what consumes it produces nothing: its input is not finite),
+    # then an Inf written into the first layer's weight
+    torch.manual_seed(0)
+    m = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.LayerNorm(8))
+    with telemetry.watch(m) as t:
+        x = torch.randn(3, 8)
+        x[0, 0] = float("nan")
+        m(x).sum().backward()
+        t.step()
+        with torch.no_grad():
+            m[0].weight[0, 0] = float("inf")
+        m(torch.randn(3, 8)).sum().backward()
+        t.step()
+    return t.records(), t.first_nonfinite()
+
+runs = {"bf16 mxfp8": (lambda: run(True, recipe="mxfp8"), "3"),
+        "fp32 mxfp8 shadow": (lambda: run(False, recipe="mxfp8", shadow=True), "3"),
+        "nan input": (nan_input, "1")}
+for name, (fn, producer) in runs.items():
+    host, host_nf = fn()                # the compiled CPU pass
+    W._FAST["module"] = None            # CPU tensors through the device pass
+    W._KERNEL["cpu"] = K
+    saved = K._PER, K._LANES
+    K._PER = K._LANES = 16              # several programs (rows) per tensor: their merge
+    dev, dev_nf = fn()
+    K._PER, K._LANES = saved
+    W._FAST.clear()
+    W._KERNEL.clear()
+    F._assert_same_records(dev, host)
+    assert host_nf is not None and host_nf[1] == producer, (name, host_nf)
+    assert dev_nf == host_nf and dev_nf.inputs == host_nf.inputs, (name, dev_nf, host_nf)
+
+# the kernel launches a recorded step adds to the model's own: one per tensor read (the
+# device pass), then one concatenation of the step's rows (read back once); nothing else
+META = {"aten.view.default", "aten.detach.default", "aten.t.default", "aten.view.dtype",
+        "aten.empty.memory_format", "aten.unsqueeze.default", "aten.expand.default",
+        "aten._unsafe_view.default", "aten.transpose.int", "aten.reshape.default",
+        "aten.slice.Tensor", "aten.alias.default"}   # no kernel: metadata and allocation
+
+class Ops(TorchDispatchMode):
+    def __init__(self):
+        super().__init__()
+        self.ops, self.off = collections.Counter(), 0
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if not self.off and str(func) not in META:
+            self.ops[str(func)] += 1
+        return func(*args, **(kwargs or {}))
+
+launches = []   # the tensors the device pass read (kept alive: ids stay unique)
+plain_rows = K.plain_rows
+def counted(t):
+    launches.append(t)
+    mode.off += 1   # the interpreter's own tensor copies are not the GPU's
+    try:
+        return plain_rows(t)
+    finally:
+        mode.off -= 1
+K.plain_rows = counted
+
+def step_ops(watched):
+    global mode
+    torch.manual_seed(0)
+    m = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.LayerNorm(32), torch.nn.SiLU(),
+                            torch.nn.Linear(32, 4))
+    t = telemetry.watch(m) if watched else None
+    x = torch.randn(8, 16)
+    for _ in range(2):   # the second step is counted
+        mode = Ops()
+        launches.clear()
+        with mode:
+            m(x).square().sum().backward()
+            if t is not None:
+                t.step()
+    if t is not None:
+        t.close()
+        return mode.ops, list(launches)
+    return mode.ops, []
+
+W._FAST["module"] = None
+W._KERNEL["cpu"] = K
+plain, _ = step_ops(False)
+watched, read = step_ops(True)
+assert watched - plain == collections.Counter({"aten.cat.default": 1}), watched - plain
+assert plain - watched == collections.Counter(), plain - watched
+# each tensor read once in the step (the memo: one module's output is the next one's input)
+assert len(read) > 10 and len({id(t) for t in read}) == len(read), len(read)
+print(len(read), "launches")
+print("ok")
+"""
+
+
+def test_watched_runs_through_the_device_pass_equal_the_cpu_pass():
+    """Records and the first producer (bf16 with a recipe; float32 with a recipe and the
+    shadows) through the device pass equal the compiled CPU pass's; a recorded step adds one
+    kernel launch per tensor read and one concatenation to the model's own ops."""
+    _interpreted(_WATCHED)
+
+
+def test_a_failing_device_pass_warns_once_and_takes_the_torch_route(monkeypatch):
+    """A kernel that raises (a GPU or Triton it does not build on): one warning, the torch
+    route's statistics, and no further attempt."""
+    import importlib
+    import warnings
+
+    import torch
+
+    from numcheck import telemetry
+    from numcheck.telemetry import fields
+    W = importlib.import_module("numcheck.telemetry.watch")
+
+    class Broken:
+        handles = staticmethod(lambda t: True)
+
+        @staticmethod
+        def plain_rows(t):
+            raise RuntimeError("no sm_90 here")
+    monkeypatch.setitem(W._FAST, "module", None)
+    monkeypatch.setitem(W._KERNEL, "cpu", Broken)
+    m = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.LayerNorm(8))
+    x = torch.randn(3, 8)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        with telemetry.watch(m) as t:
+            m(x).sum().backward()
+            t.step()
+    msgs = [str(w.message) for w in caught if "device pass failed" in str(w.message)]
+    assert len(msgs) == 1 and "no sm_90 here" in msgs[0] and W._KERNEL["cpu"] is None
+    out = t.records().query("module == '1' and role == 'output'").iloc[0]
+    want = {k: float(v) for k, v in fields.tensor_stats(m(x)).items()}
+    assert {k: out[k] for k in fields.PLAIN[:7]} == {k: want[k] for k in fields.PLAIN[:7]}
+
+
+def test_pending_observations_merge_every_row_of_every_part():
+    """The producer check's device observations (watch._Pending: row blocks read at step()):
+    a NaN or Inf counted in any row of any part makes them non-finite; their statistics merge
+    every row with the host part by fields.FIELDS' rules."""
+    import importlib
+
+    import numpy as np
+    import torch
+
+    from numcheck.telemetry import fields
+    W = importlib.import_module("numcheck.telemetry.watch")
+    a, b = torch.empty(2, 8, dtype=torch.float64), torch.empty(1, 8, dtype=torch.float64)
+    #                 calls n   nan inf zero amax min_nz sum_sq
+    rows_a = np.array([[1, 100, 0, 0, 3, 2.0, 0.5, 10.0],
+                       [0, 50, 0, 0, 0, 8.0, 0.25, 5.0]])
+    rows_b = np.array([[1, 7, 0, 0, 0, 1.0, 1.0, 1.0]])
+    host = [1.0, 4.0, 0.0, 0.0, 1.0, 3.0, 0.125, 2.0]
+    obs = W._merge_obs(W._merge_obs(host, W._Pending(None, (a,))), W._Pending(None, (b,)))
+    got = {id(a): rows_a, id(b): rows_b}
+    assert W._finite(obs, got)
+    assert W._plain_of(obs, got) == [3.0, 161.0, 0.0, 0.0, 4.0, 8.0, 0.125, 18.0]
+    for col in (2, 3):   # a NaN, or an Inf, in the second row of the first part only
+        bad = rows_a.copy()
+        bad[1, col] = 1
+        assert not W._finite(obs, {id(a): bad, id(b): rows_b}), col
+    inf = [1.0, 4.0, 0.0, 2.0, 0.0, 1.0, 1.0, 1.0]   # a host part holding two Infs
+    assert not W._finite(W._merge_obs(inf, obs), got)
+    assert not W._finite(W._merge_obs(obs, inf), got)
+    # merging copies, never writes into an observation (the step's memo shares them)
+    assert host == [1.0, 4.0, 0.0, 0.0, 1.0, 3.0, 0.125, 2.0]
+    assert inf == [1.0, 4.0, 0.0, 2.0, 0.0, 1.0, 1.0, 1.0]
+    assert fields.PLAIN_INDEX == tuple(fields.INDEX[k] for k in fields.PLAIN)
+
+
+def test_cpu_tensors_never_reach_the_cuda_kernel(monkeypatch):
+    """The compiled kernel reads CUDA tensors only: a CPU tensor (numba missing or failed, in a
+    process that loaded the kernel for a GPU) takes the torch route, and the device pass stays
+    on for the CUDA tensors."""
+    import importlib
+
+    import torch
+    W = importlib.import_module("numcheck.telemetry.watch")
+
+    class Loaded:   # the CUDA module, as watch holds it once a CUDA tensor loaded it
+        handles = staticmethod(lambda t: True)
+
+        @staticmethod
+        def plain_rows(t):
+            raise AssertionError("a CPU tensor reached the CUDA kernel")
+    monkeypatch.setitem(W._KERNEL, "module", Loaded)
+    monkeypatch.delitem(W._KERNEL, "cpu", raising=False)
+    monkeypatch.setitem(W._FAST, "module", None)
+    assert W._kernel(torch.ones(3)) is None
+    rows = W._dev_rows(torch.tensor([1.0, -2.0, 0.0]))
+    assert rows.tolist() == [[1.0, 3.0, 0.0, 0.0, 1.0, 2.0, 1.0, 5.0]]
+    assert W._KERNEL["module"] is Loaded

@@ -55,6 +55,20 @@ for dtype in F.DTYPES:
             assert math.isclose(got[7], want[7], rel_tol=F._sum_tol(t.numel())) or \\
                 got[7] == want[7], (dtype, n, got[7], want[7])
             assert programs == -(-t.numel() // K._PER), (t.numel(), programs)
+# the shadows' sums against a float64 reference holding NaN, Inf and values far from out's
+for dtype in F.DTYPES:
+    gen = torch.Generator().manual_seed(4)
+    for n in (1, 7, 1000, big):
+        out = F._values(n, dtype, gen)
+        ref = F._values(n, torch.float64, gen) if n > 1 else out.double()
+        ref[: n // 3] = out[: n // 3].double() * (1 + 2.0**-20)   # some close, some not
+        for o, r in ((out, ref), (out[::2], ref[::2])):
+            rows = K.sqnr_rows(o, r)
+            got = rows.sum(0).tolist()
+            want = fields.sqnr_pair(o, r, "sh")
+            for g, w in zip(got, (want["sh_sig_sq"].item(), want["sh_err_sq"].item())):
+                assert g == w or (math.isnan(g) and math.isnan(w)) or \
+                    math.isclose(g, w, rel_tol=F._sum_tol(o.numel())), (dtype, n, g, w)
 # no finite element: amax 0, no smallest non-zero (inf), sum_sq 0, as the torch route
 for dtype in F.DTYPES:
     t = torch.tensor([math.nan, -math.inf, 0.0], dtype=dtype)
@@ -73,21 +87,24 @@ import torch
 sys.path.insert(0, sys.argv[1])
 import test_telemetry_quant_cpu as Q
 from numcheck.quant.mx import MXFormat
+from numcheck.quant.nvfp4 import NVFP4Format
 from numcheck.telemetry import _stats_cuda as K, fields
 
-fmts = {n: f for n, f in Q.FORMATS.items() if type(f) is MXFormat}
+fmts = {n: f for n, f in Q.FORMATS.items() if type(f) in (MXFormat, NVFP4Format)}
 fmts["mx_e4m3_k24"] = MXFormat("e4m3", 24)   # a block that is no power of two
-assert len(fmts) >= 10, list(fmts)
-shapes = Q.SHAPES if sys.argv[2] == "all" else ((3, 45), (1, 1), (2, 5, 40))
+fmts["nvfp4_2d"] = NVFP4Format(two_d=True)
+assert len(fmts) >= 12, list(fmts)
+shapes = Q.SHAPES if sys.argv[2] == "all" else ((3, 45), (1, 1), (2, 5, 40), (33, 128))
 for name, fmt in fmts.items():
+    rows_of = K.mx_rows if type(fmt) is MXFormat else K.nvfp4_rows
     for dtype in Q.DTYPES:
         for dist in Q.DISTS:
             for shape in shapes:
                 t = Q._values(dist, shape, dtype, 7)
                 ref = {k: v.item() for k, v in fields.quant_stats(t, Q._Q(fmt)).items()}
                 got = fields.host_identity()
-                fields.host_rows(got, K.MX_INDEX, K.mx_rows(t, fmt).numpy())
-                got = {k: got[fields.INDEX[k]] for k in K.MX_FIELDS}
+                fields.host_rows(got, K.QUANT_INDEX, rows_of(t, fmt).numpy())
+                got = {k: got[fields.INDEX[k]] for k in K.QUANT_FIELDS}
                 Q._assert_matches({**got, "q_n": float(t.numel())}, ref,
                                   f"{name} {dtype} {dist} {shape}")
 print("ok")
@@ -103,11 +120,12 @@ def _mx_sweep(shapes: str) -> None:
 
 
 def test_mx_statistics_equal_the_reference_under_the_interpreter():
-    """The MX kernel (_stats_cuda.mx_rows) against fields.quant_stats (numcheck's reference
-    quantizer in float64): every MX format the recipes reach and the others of the family
-    (rceil, e5m2, blocks of 16 and 24), every dtype, tests/test_telemetry_quant_cpu.py's
-    distributions (NaN and Inf blocks, zero blocks, near overflow, subnormals, ties) and its
-    bounds: counts and scale exponents bitwise, float sums within their order's bound."""
+    """The MX and NVFP4 kernels (_stats_cuda.mx_rows, nvfp4_rows) against fields.quant_stats
+    (numcheck's reference quantizers in float64): every MX format the recipes reach and the
+    others of the family (rceil, e5m2, blocks of 16 and 24), NVFP4 1 x 16 and 16 x 16, every
+    dtype, tests/test_telemetry_quant_cpu.py's distributions (NaN and Inf blocks, zero blocks,
+    near overflow, subnormals, ties) and its bounds: counts and scales bitwise, float sums
+    within their order's bound."""
     _mx_sweep("some")
 
 
@@ -117,9 +135,10 @@ def test_mx_statistics_equal_the_reference_on_every_shape():
 
 
 def test_device_pass_compiles_for_sm90():
-    """Without a GPU: Triton compiles the kernels (plain statistics; MX with floor and rceil
-    scales, a block of 32 and one of 24) to a cubin for sm_90 (front end, MLIR passes, ptxas)
-    for every dtype they read, with nothing spilled to local memory."""
+    """Without a GPU: Triton compiles the kernels (plain statistics; shadow sums; MX with
+    floor and rceil scales, a block of 32 and one of 24; NVFP4's amax pass and its 1 x 16 and
+    16 x 16 tiles) to a cubin for sm_90 (front end, MLIR passes, ptxas) for every dtype they
+    read, with nothing spilled to local memory."""
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
@@ -133,17 +152,25 @@ def test_device_pass_compiles_for_sm90():
                                 target=GPUTarget("cuda", 90, 32),
                                 options={"enable_fp_fusion": False})
         assert "cubin" in kernel.asm and "st.local" not in kernel.asm["ptx"], dtype
-        for block, rceil in ((32, False), (32, True), (24, False)):   # the MX kernel
-            sig = dict(zip(K._mx.arg_names, [ptr[dtype.itemsize], "*fp64", *["i64"] * 4]))
-            const = {**K.constants(dtype), "K": block, "KP": 32, "BLOCKS": K._BLOCKS,
-                     "EMIN": -6, "EMAX": 8, "MBITS": 3, "FMAX": 448.0, "THR": 464.0,
-                     "RCEIL": rceil}
-            sig.update(dict.fromkeys(const, "constexpr"))
-            kernel = triton.compile(ASTSource(K._mx, sig, const),
-                                    target=GPUTarget("cuda", 90, 32),
-                                    options={"enable_fp_fusion": False})
-            assert "cubin" in kernel.asm and "st.local" not in kernel.asm["ptx"], \
-                (dtype, block, rceil)
+        blocks = [dict(TR=1, TC=k, TCP=32, TILES=32, NV=False, RCEIL=rceil)   # MX
+                  for k, rceil in ((32, False), (32, True), (24, False))]
+        blocks += [dict(TR=tr, TC=16, TCP=16, TILES=1024 // (16 * tr), NV=True, RCEIL=False)
+                   for tr in (1, 16)]   # NVFP4, 1 x 16 and 16 x 16
+        fmt = dict(EMIN=-6, EMAX=8, MBITS=3, FMAX=448.0, THR=464.0, E4_EMIN=-6, E4_EMAX=8,
+                   E4_MBITS=3, E4_MAX=448.0, RANGE=2688.0, ELEM_MAX=6.0)
+        for kern, args, variants in (
+                (K._sqnr, ["*fp64", "*fp64", "i64", "i64"], [{}]),
+                (K._amax_bits, ["*i64", "i64", "i64"], [{}]),
+                (K._blocks, ["*i64", "*fp64", *["i64"] * 6], [{**v, **fmt} for v in blocks])):
+            for more in variants:
+                sig = dict(zip(kern.arg_names, [ptr[dtype.itemsize], *args]))
+                const = {**K.constants(dtype), **more}
+                sig.update(dict.fromkeys(const, "constexpr"))
+                kernel = triton.compile(ASTSource(kern, sig, const),
+                                        target=GPUTarget("cuda", 90, 32),
+                                        options={"enable_fp_fusion": False})
+                assert "cubin" in kernel.asm and "st.local" not in kernel.asm["ptx"], \
+                    (dtype, kern, more)
 
 
 _WATCHED = """
@@ -185,7 +212,8 @@ def nan_input():
     return t.records(), t.first_nonfinite()
 
 runs = {"bf16 mxfp8": (lambda: run(True, recipe="mxfp8"), "3"),
-        "fp32 mxfp8 shadow": (lambda: run(False, recipe="mxfp8", shadow=True), "3"),
+        "fp32 mxfp8 nvfp4 shadow": (lambda: run(False, recipe="mxfp8", what_if=("nvfp4",),
+                                                shadow=True), "3"),
         "nan input": (nan_input, "1")}
 for name, (fn, producer) in runs.items():
     host, host_nf = fn()                # the compiled CPU pass
@@ -261,9 +289,10 @@ print("ok")
 
 
 def test_watched_runs_through_the_device_pass_equal_the_cpu_pass():
-    """Records and the first producer (bf16 with a recipe; float32 with a recipe and the
-    shadows) through the device pass equal the compiled CPU pass's; a recorded step adds one
-    kernel launch per tensor read and one concatenation to the model's own ops."""
+    """Records and the first producer (bf16 with a recipe; float32 with a recipe, an NVFP4
+    what-if and the shadows; a NaN input, then an Inf weight) through the device pass equal
+    the compiled CPU pass's; a recorded step adds one kernel launch per tensor read and one
+    concatenation to the model's own ops."""
     _interpreted(_WATCHED)
 
 

@@ -1,26 +1,32 @@
-"""The device pass of the telemetry's plain statistics: one Triton kernel launch per tensor.
+"""The device pass of the telemetry's statistics: Triton kernels, one or two launches per
+tensor, no host synchronization.
 
-``fields.tensor_stats`` (the torch route) takes ~18 kernel launches per tensor, and a device
-vector built and merged per observation ~20 more: on a GPU a tiny model's step is bounded by
-its launches, so that route cost ~12 kernel launches per launch of the step itself (measured
-by counting aten ops: tiny_lm's training step 639, its watched step 8007). This pass gives the
-same eight fields (``fields.PLAIN``) in one launch, with no host synchronization:
+``fields.tensor_stats`` (the torch route) takes ~18 kernel launches per tensor, and the
+reference quantizers behind ``fields.quant_stats`` ~150 to ~230 per tensor and recipe: on a
+GPU a tiny model's step is bounded by its launches, so that route cost ~12 launches per
+launch of the step itself with statistics alone (counted as aten ops: tiny_lm's training step
+412, what its watched step added 5736). Here:
 
-* each program reads a run of ``per`` elements through the integer view of their bits (the
-  magnitude of an IEEE float orders like the integer it is: NaN ``mag > inf``, Inf
-  ``mag == inf``, zero ``mag == 0``; amax and the smallest non-zero magnitude are integer
-  max / min over the finite ones, decoded once from their bits: bitwise the torch route's);
-* sum_sq: x^2 in float64 over the finite elements, a partial sum per lane, then Triton's tree
-  over the lanes (a fixed order for a given launch: the same figure each run; the torch route
-  sums in another order, within a relative 2 n 2^-53, the tolerance the tests check);
-* it writes one row of the eight fields per program (``calls`` 1 in the first row, 0 in the
-  others; ``n`` the program's own elements): rows that merge by fields.FIELDS' rules into the
-  tensor's row, which ``Telemetry._flush`` does on the host after the step's one read-back.
-  A tensor up to ``_PER`` elements takes one program (every tensor of the tiny models).
+* ``plain_rows``: a tensor's eight plain fields (``fields.PLAIN``) in one launch. Each program
+  reads a run of ``per`` elements through the integer view of their bits (the magnitude of an
+  IEEE float orders like the integer it is: NaN ``mag > inf``, Inf ``mag == inf``, zero
+  ``mag == 0``; amax and the smallest non-zero magnitude are integer max / min over the finite
+  ones, decoded once from their bits: bitwise the torch route's); sum_sq: x^2 in float64 over
+  the finite elements, a partial sum per lane, then Triton's tree over the lanes (a fixed
+  order for a given launch; the torch route sums in another, within a relative 2 n 2^-53).
+* ``mx_rows`` (one launch) and ``nvfp4_rows`` (two: the tensor's amax first): the quantization
+  fields of an MX or NVFP4 format, each element through numcheck/telemetry/_quant_cpu.py's
+  arithmetic, which is the reference quantizer's step for step (counts and scales bitwise;
+  float sums differ by their order).
+
+Every function writes one row of fields per program (a tensor up to ``_PER`` elements, or
+``_PER_BLOCKS`` blocks, takes one program: every tensor of the tiny models): rows that merge
+by fields.FIELDS' rules into the tensor's row, which ``Telemetry._flush`` does on the host
+after the step's one read-back. Launches go to the tensor's own device and its current stream.
 
 watch.py imports this module only for a CUDA tensor (and the tests, on CPU tensors, under
-Triton's interpreter); where Triton is missing or the kernel fails, the torch route runs
-(warned once), as numcheck._stats_cuda does for error_stats.
+Triton's interpreter); where Triton is missing or a kernel fails, the torch route runs (warned
+once), as numcheck._stats_cuda does for error_stats.
 """
 from __future__ import annotations
 
@@ -61,13 +67,19 @@ def plain_rows(t: torch.Tensor) -> torch.Tensor:
         x = x.contiguous()
     n = x.numel()
     ibits, inf, mask = _BITS[x.dtype]
-    per = max(_PER, triton.cdiv(triton.cdiv(n, _PROGRAMS), _LANES) * _LANES)
-    programs = triton.cdiv(n, per)
+    per, programs = _split(n, _PER, _LANES)
     out = torch.empty(programs, NF, dtype=torch.float64, device=x.device)
     with _on(x):
         _plain[(programs,)](x.view(ibits).reshape(-1), out, n, per, **constants(x.dtype),
                             enable_fp_fusion=False)  # v * v rounded before summed, as on CPU
     return out
+
+
+def _split(n: int, least: int, unit: int) -> tuple[int, int]:
+    """(items per program, programs) for n items: at least ``least`` a program, a multiple of
+    ``unit``, at most _PROGRAMS programs."""
+    per = max(least, triton.cdiv(triton.cdiv(n, _PROGRAMS), unit) * unit)
+    return per, triton.cdiv(n, per)
 
 
 def _on(x: torch.Tensor):
@@ -103,16 +115,46 @@ def _value(mag, INF: tl.constexpr, WIDTH: tl.constexpr, BF16: tl.constexpr):
 
 
 @triton.jit
+def _mag(raw, MASK: tl.constexpr, WIDTH: tl.constexpr):
+    """Magnitude bits of raw bits: int64 lanes for float64, int32 for the others (16-bit lanes
+    widened; the mask clears the sign)."""
+    if WIDTH == 64:
+        m = raw & MASK
+    else:
+        m = raw.to(tl.int32) & MASK
+    return m
+
+
+@triton.jit
+def _abs_value(mag, INF: tl.constexpr, WIDTH: tl.constexpr, BF16: tl.constexpr):
+    """float64 |x| of magnitude bits, Inf and NaN included."""
+    a = _value(tl.where(mag < INF, mag, 0), INF, WIDTH, BF16)
+    return tl.where(mag == INF, float("inf"), tl.where(mag > INF, float("nan"), a))
+
+
+@triton.jit
+def _span(per, n):
+    """The [start, end) of the items this program takes (int64: past 2^31 elements)."""
+    start = tl.program_id(0).to(tl.int64) * per
+    return start, tl.minimum(start + per, n)
+
+
+@triton.jit
+def _mag_zeros(LANES: tl.constexpr, WIDTH: tl.constexpr):
+    if WIDTH == 64:
+        z = tl.zeros([LANES], dtype=tl.int64)
+    else:
+        z = tl.zeros([LANES], dtype=tl.int32)
+    return z
+
+
+@triton.jit
 def _plain(bits_ptr, out_ptr, n, per, INF: tl.constexpr, MASK: tl.constexpr,
            WIDTH: tl.constexpr, BF16: tl.constexpr, LANES: tl.constexpr):
     pid = tl.program_id(0)
     lane = tl.arange(0, LANES)
-    start = pid.to(tl.int64) * per
-    end = tl.minimum(start + per, n)
-    if WIDTH == 64:
-        zi = tl.zeros([LANES], dtype=tl.int64)
-    else:
-        zi = tl.zeros([LANES], dtype=tl.int32)
+    start, end = _span(per, n)
+    zi = _mag_zeros(LANES, WIDTH)
     n_nan = tl.zeros([LANES], dtype=tl.int32)
     n_inf = tl.zeros([LANES], dtype=tl.int32)
     n_zero = tl.zeros([LANES], dtype=tl.int32)
@@ -122,11 +164,7 @@ def _plain(bits_ptr, out_ptr, n, per, INF: tl.constexpr, MASK: tl.constexpr,
     for j in range(start, end, LANES):
         idx = j + lane
         live = idx < end
-        b = tl.load(bits_ptr + idx, mask=live, other=0)
-        if WIDTH == 64:
-            mag = b & MASK
-        else:
-            mag = b.to(tl.int32) & MASK  # 16-bit lanes widened: the mask clears the sign
+        mag = _mag(tl.load(bits_ptr + idx, mask=live, other=0), MASK, WIDTH)
         fin = mag < INF
         n_nan += (mag > INF).to(tl.int32)
         n_inf += (mag == INF).to(tl.int32)
@@ -149,54 +187,82 @@ def _plain(bits_ptr, out_ptr, n, per, INF: tl.constexpr, MASK: tl.constexpr,
     tl.store(row + 7, tl.sum(ss, axis=0))
 
 
-# ---- MX quantization statistics -------------------------------------------------------------
-# fields.quant_stats for an MXFormat (numcheck/quant/mx.py), one launch: the fields a row holds,
-# in this order (q_n, the element count, is the caller's: rows x cols)
-MX_FIELDS = ("q_underflow", "q_saturated", "q_sig_sq", "q_err_sq", "blk_n", "blk_scaled_n",
-             "blk_log2_min", "blk_log2_max", "blk_log2_sum", "blk_log2_sumsq", "blk_clip",
-             "blk_scale_sat", "blk_sqnr_min_db", "blk_nan")
-MX_INDEX = tuple(fields.INDEX[k] for k in MX_FIELDS)
-_BLOCKS = 64          # MX blocks a program reads at once
+# ---- MX and NVFP4 quantization statistics ---------------------------------------------------
+# fields.quant_stats for an MXFormat (numcheck/quant/mx.py) or an NVFP4Format (quant/nvfp4.py):
+# the fields a row holds, in this order (q_n, the element count, is the caller's: rows x cols)
+QUANT_FIELDS = ("q_underflow", "q_saturated", "q_sig_sq", "q_err_sq", "blk_n", "blk_scaled_n",
+                "blk_log2_min", "blk_log2_max", "blk_log2_sum", "blk_log2_sumsq", "blk_clip",
+                "blk_scale_sat", "blk_sqnr_min_db", "blk_nan")
+QUANT_INDEX = tuple(fields.INDEX[k] for k in QUANT_FIELDS)
+_TILE_LANES = 1024    # elements of whole blocks a program reads at once
 _PER_BLOCKS = 2048    # blocks per program at least (64K elements of 32-blocks)
 
 
 def mx_rows(t: torch.Tensor, fmt) -> torch.Tensor:
-    """(programs, len(MX_FIELDS)) float64 rows on t's device that merge by fields.FIELDS' rules
-    into ``fields.quant_stats(t, Quantizer(fmt))`` less q_n, for ``type(fmt) is MXFormat`` and
-    ``handles(t)`` with t.dim() >= 1: t as (rows, last dim), blocks of fmt.block along the last
-    dim, zero-padded as quant_stats pads (lanes past the last column read as zeros), each
-    element through the reference's arithmetic (_quant_cpu._mx's, step for step: the E8M0
-    exponent from the float64 bits of the block's finite amax, or the rceil quotient rounded to
-    fp32; the element rounded as formats._rne does, |y| + c - c; a block holding NaN or Inf
-    decodes to NaN). Counts and scale exponents are the reference's bit for bit; float sums
-    differ by their order."""
+    """(programs, len(QUANT_FIELDS)) float64 rows on t's device that merge by fields.FIELDS'
+    rules into ``fields.quant_stats(t, Quantizer(fmt))`` less q_n, for ``type(fmt) is
+    MXFormat`` and ``handles(t)`` with t.dim() >= 1; one launch. _quant_cpu._mx's arithmetic,
+    step for step: the E8M0 exponent from the float64 bits of the block's finite amax (floor),
+    or the fp32 quotient amax / max rounded up to a power of two (rceil), clamped to
+    [-127, 127]; a block holding NaN or Inf gets the NaN code and decodes to NaN."""
     from .. import formats
+    f = formats.get(fmt.elem)
+    return _block_rows(t, 1, int(fmt.block), f, NV=False, RCEIL=fmt.scale_mode == "rceil")
+
+
+def nvfp4_rows(t: torch.Tensor, fmt) -> torch.Tensor:
+    """As mx_rows, for ``type(fmt) is NVFP4Format``: tiles of 1 x 16 (16 x 16 with
+    ``two_d``); two launches: the tensor's amax (an integer atomic max of the magnitude bits:
+    NaN's lie above Inf's, so a NaN anywhere makes it NaN, as nvfp4_quantize has it;
+    deterministic), then the tiles through _quant_cpu._nvfp4's arithmetic (fp32 tensor scales
+    2688 / amax and amax / 2688, the e4m3 block scale rounded and saturated from
+    (tile amax x enc) / 6, e2m1 elements of x / (block scale x dec), a zero scale flushing the
+    tile). blk_log2_min/max and the log2 sums take Triton's log2 of the decode scale
+    (libdevice's on a GPU, libm's under the interpreter; the reference takes torch.log2: the
+    tests find them equal)."""
+    from .. import formats
+    from ..quant.nvfp4 import NVFP4_BLOCK
+    tr = NVFP4_BLOCK if fmt.two_d else 1
+    return _block_rows(t, tr, NVFP4_BLOCK, formats.get("e2m1"), NV=True, RCEIL=False)
+
+
+def _block_rows(t: torch.Tensor, tr: int, tc: int, f, NV: bool, RCEIL: bool) -> torch.Tensor:
+    """t as (rows, last dim) in tiles of tr x tc, zero-padded as quant_stats pads (lanes past
+    the last row or column read as zeros: elements of their block, which a NaN block decodes
+    to NaN like the others), each element of format f."""
+    from .. import formats
+    from ..quant.nvfp4 import E2M1_MAX, TENSOR_RANGE
     x = t.detach()
     if not x.is_contiguous():
         x = x.contiguous()
     cols = x.shape[-1]
     rows = x.numel() // cols
-    k = int(fmt.block)
-    nbr = triton.cdiv(cols, k)
-    nblocks = rows * nbr
-    per = max(_PER_BLOCKS, triton.cdiv(triton.cdiv(nblocks, _PROGRAMS), _BLOCKS) * _BLOCKS)
-    programs = triton.cdiv(nblocks, per)
-    out = torch.empty(programs, len(MX_FIELDS), dtype=torch.float64, device=x.device)
-    f = formats.get(fmt.elem)
-    ibits = _BITS[x.dtype][0]
+    nbr = triton.cdiv(cols, tc)
+    ntiles = triton.cdiv(rows, tr) * nbr
+    tcp = triton.next_power_of_2(tc)
+    tiles = max(1, _TILE_LANES // (tr * tcp))   # tiles a program reads at once
+    per, programs = _split(ntiles, _PER_BLOCKS, tiles)
+    bits = x.view(_BITS[x.dtype][0]).reshape(-1)
+    cell = torch.zeros(1, dtype=torch.int64, device=x.device)   # NVFP4: the tensor's amax
+    out = torch.empty(programs, len(QUANT_FIELDS), dtype=torch.float64, device=x.device)
+    e4 = formats.get("e4m3")
+    c = constants(x.dtype)
     with _on(x):
-        _mx[(programs,)](x.view(ibits).reshape(-1), out, cols, nbr, nblocks, per,
-                         **constants(x.dtype), K=k, KP=triton.next_power_of_2(k),
-                         BLOCKS=_BLOCKS, EMIN=f.emin, EMAX=f.emax, MBITS=f.mbits, FMAX=f.max,
-                         THR=f.overflow_threshold, RCEIL=fmt.scale_mode == "rceil",
-                         enable_fp_fusion=False)
+        if NV:
+            per_a, programs_a = _split(bits.numel(), _PER, _LANES)
+            _amax_bits[(programs_a,)](bits, cell, bits.numel(), per_a, **c)
+        _blocks[(programs,)](bits, cell, out, rows, cols, nbr, ntiles, per, **c, TR=tr, TC=tc,
+                             TCP=tcp, TILES=tiles, NV=NV, RCEIL=RCEIL, EMIN=f.emin,
+                             EMAX=f.emax, MBITS=f.mbits, FMAX=f.max, THR=f.overflow_threshold,
+                             E4_EMIN=e4.emin, E4_EMAX=e4.emax, E4_MBITS=e4.mbits,
+                             E4_MAX=e4.max, RANGE=TENSOR_RANGE, ELEM_MAX=E2M1_MAX,
+                             enable_fp_fusion=False)
     return out
 
 
 @triton.jit
 def _signed(raw, mag, INF: tl.constexpr, WIDTH: tl.constexpr, BF16: tl.constexpr):
-    """float64 value of raw bits (NaN and Inf included; ``mag`` the magnitude bits as
-    _plain widens them)."""
+    """float64 value of raw bits (NaN and Inf included; ``mag`` their _mag)."""
     if WIDTH == 64:
         v = raw.to(tl.float64, bitcast=True)
     elif WIDTH == 32:
@@ -204,8 +270,7 @@ def _signed(raw, mag, INF: tl.constexpr, WIDTH: tl.constexpr, BF16: tl.constexpr
     elif BF16:
         v = (raw.to(tl.int32) << 16).to(tl.float32, bitcast=True).to(tl.float64)
     else:
-        a = _value(tl.where(mag < INF, mag, 0), INF, WIDTH, BF16)
-        a = tl.where(mag == INF, float("inf"), tl.where(mag > INF, float("nan"), a))
+        a = _abs_value(mag, INF, WIDTH, BF16)
         v = tl.where(raw < 0, -a, a)
     return v
 
@@ -217,61 +282,105 @@ def _pow2(k):
 
 
 @triton.jit
-def _mx(bits_ptr, out_ptr, cols, nbr, nblocks, per, INF: tl.constexpr, MASK: tl.constexpr,
-        WIDTH: tl.constexpr, BF16: tl.constexpr, LANES: tl.constexpr, K: tl.constexpr,
-        KP: tl.constexpr, BLOCKS: tl.constexpr, EMIN: tl.constexpr, EMAX: tl.constexpr,
-        MBITS: tl.constexpr, FMAX: tl.constexpr, THR: tl.constexpr, RCEIL: tl.constexpr):
+def _rne_sat(y, EMIN: tl.constexpr, EMAX: tl.constexpr, MBITS: tl.constexpr,
+             FMAX: tl.constexpr):
+    """formats.round_to(y, f, "rne", saturate=True) as _quant_cpu._rne_sat: |y| + c - c with
+    c = 2^(exponent - MBITS), the exponent clamped to [EMIN, EMAX + 1]; then at most FMAX (NaN
+    stays NaN), the sign put back."""
+    a = tl.abs(y)
+    b = a.to(tl.int64, bitcast=True) >> 52
+    b = tl.minimum(tl.maximum(b, EMIN + 1023), EMAX + 1024)
+    c = ((b + 52 - MBITS) << 52).to(tl.float64, bitcast=True)
+    m = (a + c) - c
+    m = tl.where(m > FMAX, FMAX, m)
+    return tl.where(y < 0, -m, m)
+
+
+@triton.jit
+def _amax_bits(bits_ptr, cell_ptr, n, per, INF: tl.constexpr, MASK: tl.constexpr,
+               WIDTH: tl.constexpr, BF16: tl.constexpr, LANES: tl.constexpr):
+    lane = tl.arange(0, LANES)
+    start, end = _span(per, n)
+    mx = _mag_zeros(LANES, WIDTH)
+    for j in range(start, end, LANES):
+        idx = j + lane
+        mx = tl.maximum(mx, _mag(tl.load(bits_ptr + idx, mask=idx < end, other=0), MASK, WIDTH))
+    tl.atomic_max(cell_ptr, tl.max(mx, axis=0).to(tl.int64))
+
+
+@triton.jit
+def _blocks(bits_ptr, cell_ptr, out_ptr, rows, cols, nbr, ntiles, per, INF: tl.constexpr,
+            MASK: tl.constexpr, WIDTH: tl.constexpr, BF16: tl.constexpr, LANES: tl.constexpr,
+            TR: tl.constexpr, TC: tl.constexpr, TCP: tl.constexpr, TILES: tl.constexpr,
+            NV: tl.constexpr, RCEIL: tl.constexpr, EMIN: tl.constexpr, EMAX: tl.constexpr,
+            MBITS: tl.constexpr, FMAX: tl.constexpr, THR: tl.constexpr,
+            E4_EMIN: tl.constexpr, E4_EMAX: tl.constexpr, E4_MBITS: tl.constexpr,
+            E4_MAX: tl.constexpr, RANGE: tl.constexpr, ELEM_MAX: tl.constexpr):
     pid = tl.program_id(0)
-    kk = tl.arange(0, KP)
-    bi = tl.arange(0, BLOCKS)
-    start = pid.to(tl.int64) * per
-    end = tl.minimum(start + per, nblocks)
-    zf = tl.zeros([BLOCKS], dtype=tl.float64)
-    zi = tl.zeros([BLOCKS], dtype=tl.int64)
-    und, nsat, blk, clip, ssat, bnan, rnan = zi, zi, zi, zi, zi, zi, zi
+    if NV:   # the tensor scales from its amax (nvfp4_quantize): 1 and 1 for amax 0
+        top_bits = tl.load(cell_ptr)
+        if WIDTH != 64:
+            top_bits = top_bits.to(tl.int32)
+        tamax = _abs_value(top_bits, INF, WIDTH, BF16)
+        enc = (RANGE / tamax).to(tl.float32).to(tl.float64)
+        enc = tl.where(enc > 3.4028234663852886e38, 3.4028234663852886e38, enc)
+        dec = (tamax / RANGE).to(tl.float32).to(tl.float64)
+        enc = tl.where(tamax == 0, 1.0, enc)
+        dec = tl.where(tamax == 0, 1.0, dec)
+        nan_q = tl.where(dec != dec, float("nan"), 1.0)
+    ln = tl.arange(0, TR * TCP)
+    bi = tl.arange(0, TILES)
+    start, end = _span(per, ntiles)
+    zf = tl.zeros([TILES], dtype=tl.float64)
+    zi = tl.zeros([TILES], dtype=tl.int64)
+    und, nsat, blk, nscaled, clip, ssat, bnan, rnan = zi, zi, zi, zi, zi, zi, zi, zi
     sig, err, lsum, lsq = zf, zf, zf, zf
     lmin = zf + float("inf")
     lmax = zf - float("inf")
     rmin = zf + float("inf")
-    for b0 in range(start, end, BLOCKS):
+    for b0 in range(start, end, TILES):
         b = b0 + bi
         bl = b < end
-        row = b // nbr
-        col = (b % nbr)[:, None] * K + kk[None, :]
-        # a block's lanes past the last column are the reference's zero padding: elements
-        # (value 0) of the block, which a NaN block decodes to NaN like the others
-        m = bl[:, None] & (kk[None, :] < K)
-        raw = tl.load(bits_ptr + row[:, None] * cols + col, mask=m & (col < cols), other=0)
-        if WIDTH == 64:
-            mag = raw & MASK
-        else:
-            mag = raw.to(tl.int32) & MASK
+        row = (b // nbr)[:, None] * TR + (ln // TCP)[None, :]
+        col = (b % nbr)[:, None] * TC + (ln % TCP)[None, :]
+        m = bl[:, None] & ((ln % TCP) < TC)[None, :]   # the tile's lanes, padding included
+        raw = tl.load(bits_ptr + row * cols + col, mask=m & (row < rows) & (col < cols),
+                      other=0)
+        mag = _mag(raw, MASK, WIDTH)
         fin = mag < INF
         v = _signed(raw, mag, INF, WIDTH, BF16)
-        top_bits = tl.max(tl.where(fin, mag, 0), axis=1)
-        amax = _value(top_bits, INF, WIDTH, BF16)
-        bad = tl.max((m & (mag >= INF)).to(tl.int32), axis=1) > 0
-        if RCEIL:
-            qq = (amax / FMAX).to(tl.float32)
-            qq = tl.where(qq == float("inf"), 3.4028234663852886e38, qq.to(tl.float64))
-            qb = qq.to(tl.int64, bitcast=True)
-            e = (qb >> 52) - 1023 + ((qb & 0xFFFFFFFFFFFFF) != 0).to(tl.int64)
+        tb = tl.max(mag, axis=1)   # NaN's bits lie above Inf's
+        bad = tb >= INF            # a NaN or an Inf in the block: no scale to speak of
+        amax = _value(tl.max(tl.where(fin, mag, 0), axis=1), INF, WIDTH, BF16)   # finite
+        if NV:
+            bs = _rne_sat(_abs_value(tb, INF, WIDTH, BF16) * enc / ELEM_MAX, E4_EMIN, E4_EMAX,
+                          E4_MBITS, E4_MAX)   # the e4m3 block scale, saturating
+            s = bs * dec
+            cq = _rne_sat(v / tl.where(s == 0, 1.0, s)[:, None], EMIN, EMAX, MBITS, FMAX)
+            q = cq * nan_q * s[:, None]   # s 0: the block flushes to +-0
+            sat = m & (s[:, None] > 0) & (tl.abs(v) > (THR * s)[:, None])
+            live = bl & (amax > 0) & (bad == 0)
+            scaled = live & (s > 0) & (s < float("inf"))
+            l2 = tl.log2(tl.where(scaled, s, 1.0))
+            at_end = s == 0
         else:
-            e = (amax.to(tl.int64, bitcast=True) >> 52) - 1023 - EMAX
-        e = tl.minimum(tl.maximum(e, -127), 127)
-        e = tl.where(bad, 128, e)
-        s = _pow2(e)
-        y = v * _pow2(-e)[:, None]
-        # formats._rne onto the element grid: c = 2^(exponent - MBITS), |y| + c - c
-        ya = tl.abs(y)
-        be = ya.to(tl.int64, bitcast=True) >> 52
-        be = tl.minimum(tl.maximum(be, EMIN + 1023), EMAX + 1024)
-        c = ((be + 52 - MBITS) << 52).to(tl.float64, bitcast=True)
-        r = (ya + c) - c
-        r = tl.where(r > FMAX, FMAX, r)
-        q = tl.where(y < 0, -r, r) * s[:, None]
-        q = tl.where(bad[:, None], float("nan"), q)
-        sat = m & (tl.abs(v) > THR * s[:, None])
+            if RCEIL:
+                qq = (amax / FMAX).to(tl.float32)
+                qq = tl.where(qq == float("inf"), 3.4028234663852886e38, qq.to(tl.float64))
+                qb = qq.to(tl.int64, bitcast=True)
+                e = (qb >> 52) - 1023 + ((qb & 0xFFFFFFFFFFFFF) != 0).to(tl.int64)
+            else:
+                e = (amax.to(tl.int64, bitcast=True) >> 52) - 1023 - EMAX
+            e = tl.minimum(tl.maximum(e, -127), 127)
+            e = tl.where(bad, 128, e)   # the NaN code
+            s = _pow2(e)
+            q = _rne_sat(v * _pow2(-e)[:, None], EMIN, EMAX, MBITS, FMAX) * s[:, None]
+            q = tl.where(bad[:, None], float("nan"), q)
+            sat = m & (tl.abs(v) > THR * s[:, None])
+            live = bl & (amax > 0) & (bad == 0)
+            scaled = live   # a live MX block's scale is a finite power of two
+            l2 = e.to(tl.float64)
+            at_end = (e >= 127) | (e <= -127)
         fv = m & fin
         sq = tl.where(fv, v * v, 0.0)
         d = q - v
@@ -283,35 +392,75 @@ def _mx(bits_ptr, out_ptr, cols, nbr, nblocks, per, INF: tl.constexpr, MASK: tl.
         nsat += bsat
         sig += bsig
         err += berr
-        live = bl & (amax > 0) & (bad == 0)
-        ef = e.to(tl.float64)
         blk += live.to(tl.int64)
-        lmin = tl.minimum(lmin, tl.where(live, ef, float("inf")))
-        lmax = tl.maximum(lmax, tl.where(live, ef, -float("inf")))
-        lsum += tl.where(live, ef, 0.0)
-        lsq += tl.where(live, ef * ef, 0.0)
+        nscaled += scaled.to(tl.int64)
+        lmin = tl.minimum(lmin, tl.where(scaled, l2, float("inf")))
+        lmax = tl.maximum(lmax, tl.where(scaled, l2, -float("inf")))
+        lsum += tl.where(scaled, l2, 0.0)
+        lsq += tl.where(scaled, l2 * l2, 0.0)
         clip += (live & (bsat > 0)).to(tl.int64)
-        ssat += (live & ((e >= 127) | (e <= -127))).to(tl.int64)
+        ssat += (live & at_end).to(tl.int64)
         ratio = bsig / berr   # berr 0 -> +inf, as the reference
         rnan += (live & (ratio != ratio)).to(tl.int64)
         rmin = tl.minimum(rmin, tl.where(live & (ratio == ratio), ratio, float("inf")))
         bnan += (bl & bad).to(tl.int64)
     o = out_ptr + pid * 14
-    n_live = tl.sum(blk, axis=0).to(tl.float64)
     tl.store(o + 0, tl.sum(und, axis=0).to(tl.float64))
     tl.store(o + 1, tl.sum(nsat, axis=0).to(tl.float64))
     tl.store(o + 2, tl.sum(sig, axis=0))
     tl.store(o + 3, tl.sum(err, axis=0))
-    tl.store(o + 4, n_live)
-    tl.store(o + 5, n_live)   # every live MX block has a finite power-of-two scale
+    tl.store(o + 4, tl.sum(blk, axis=0).to(tl.float64))
+    tl.store(o + 5, tl.sum(nscaled, axis=0).to(tl.float64))
     tl.store(o + 6, tl.min(lmin, axis=0))
     tl.store(o + 7, tl.max(lmax, axis=0))
     tl.store(o + 8, tl.sum(lsum, axis=0))
     tl.store(o + 9, tl.sum(lsq, axis=0))
     tl.store(o + 10, tl.sum(clip, axis=0).to(tl.float64))
     tl.store(o + 11, tl.sum(ssat, axis=0).to(tl.float64))
-    worst = tl.min(rmin, axis=0)
     # 10 log10 of the smallest ratio (monotone: the worst block's dB); NaN as soon as one is
-    db = tl.log2(worst) * 3.0102999566398120
+    db = tl.log2(tl.min(rmin, axis=0)) * 3.0102999566398120
     tl.store(o + 12, tl.where(tl.sum(rnan, axis=0) > 0, float("nan"), db))
     tl.store(o + 13, tl.sum(bnan, axis=0).to(tl.float64))
+
+
+# ---- shadow SQNR sums ---------------------------------------------------------------------------
+
+def sqnr_rows(out: torch.Tensor, ref64: torch.Tensor) -> torch.Tensor:
+    """(programs, 2) float64 rows [sum r^2, sum (o - r)^2] over the finite elements r of the
+    float64 reference (fields.sqnr_pair's two sums; a non-finite ``out`` there makes the error
+    infinite or NaN, as it should), summing by the fields' rule into the pair's; one launch.
+    ``handles(out)``, ``ref64`` float64 of out's shape and device."""
+    o = out.detach()
+    o = o if o.is_contiguous() else o.contiguous()
+    r = ref64.detach()
+    r = r if r.is_contiguous() else r.contiguous()
+    n = o.numel()
+    per, programs = _split(n, _PER, _LANES)
+    rows = torch.empty(programs, 2, dtype=torch.float64, device=o.device)
+    with _on(o):
+        _sqnr[(programs,)](o.view(_BITS[o.dtype][0]).reshape(-1), r.reshape(-1), rows, n, per,
+                           **constants(o.dtype), enable_fp_fusion=False)
+    return rows
+
+
+@triton.jit
+def _sqnr(bits_ptr, ref_ptr, out_ptr, n, per, INF: tl.constexpr, MASK: tl.constexpr,
+          WIDTH: tl.constexpr, BF16: tl.constexpr, LANES: tl.constexpr):
+    pid = tl.program_id(0)
+    lane = tl.arange(0, LANES)
+    start, end = _span(per, n)
+    sig = tl.zeros([LANES], dtype=tl.float64)
+    err = tl.zeros([LANES], dtype=tl.float64)
+    for j in range(start, end, LANES):
+        idx = j + lane
+        live = idx < end
+        raw = tl.load(bits_ptr + idx, mask=live, other=0)
+        r = tl.load(ref_ptr + idx, mask=live, other=0.0)
+        o = _signed(raw, _mag(raw, MASK, WIDTH), INF, WIDTH, BF16)
+        fin = live & (tl.abs(r) < float("inf"))   # NaN compares false
+        d = tl.where(fin, o - r, 0.0)
+        sig += tl.where(fin, r * r, 0.0)
+        err += d * d
+    row = out_ptr + pid * 2
+    tl.store(row + 0, tl.sum(sig, axis=0))
+    tl.store(row + 1, tl.sum(err, axis=0))

@@ -44,6 +44,7 @@ from torch.overrides import TorchFunctionMode
 
 from ..errors import UsageError
 from ..quant.mx import MXFormat
+from ..quant.nvfp4 import NVFP4Format
 from ..quant.recipe import QuantRecipe, get_recipe
 from . import fields
 from ._structs import map_tensors
@@ -198,37 +199,49 @@ def _kernel(t: torch.Tensor):
     return _KERNEL["module"]
 
 
+def _launch(t: torch.Tensor, fn, *args):
+    """fn(*args), a device-pass function reading t; None where it raised (a GPU or Triton the
+    kernel does not build on): the pass is then off for t's kind of device for the rest of the
+    process, with one warning, and the caller takes the torch route."""
+    try:
+        return fn(*args)
+    except Exception as exc:  # noqa: BLE001 - any failure of the pass: the torch route
+        _KERNEL["module" if t.is_cuda else "cpu"] = None
+        warnings.warn(f"numcheck.telemetry: the device pass failed ({type(exc).__name__}: "
+                      f"{exc}); using the torch route", RuntimeWarning, stacklevel=5)
+        return None
+
+
 def _dev_rows(t: torch.Tensor) -> torch.Tensor:
     """A non-empty tensor's fields.PLAIN as rows on its device, read at step(): (r, 8) float64
     from the device pass (one kernel launch), or (1, 8) from the torch route
     (fields.tensor_stats) where the pass does not apply or failed."""
     k = _kernel(t)
-    if k is not None and k.handles(t):
-        try:
-            return k.plain_rows(t)
-        except Exception as exc:  # noqa: BLE001 - a GPU or Triton the kernel does not build on
-            _KERNEL["module" if t.is_cuda else "cpu"] = None
-            warnings.warn(f"numcheck.telemetry: the device pass failed ({type(exc).__name__}: "
-                          f"{exc}); using the torch route", RuntimeWarning, stacklevel=5)
+    rows = _launch(t, k.plain_rows, t) if k is not None and k.handles(t) else None
+    if rows is not None:
+        return rows
     return torch.stack([v.to(torch.float64) for v in fields.tensor_stats(t).values()])[None]
 
 
+def _put(parts: list, part: tuple | None) -> None:
+    if part is not None:
+        parts.append(part)
+
+
 def _dev_quant(t: torch.Tensor, quantizer, acc: list[float]) -> tuple | None:
-    """fields.quant_stats(t, quantizer) as _dev_part gives it: for an MX format, the device
-    pass's rows (_stats_cuda.mx_rows, one launch; q_n merged into ``acc``), else the
-    reference quantizer's torch ops, stacked."""
+    """fields.quant_stats(t, quantizer) as _dev_part gives it: for an MX or NVFP4 format (these
+    exact classes: a subclass may change any rule), the device pass's rows (_stats_cuda.mx_rows,
+    one launch; nvfp4_rows, two; q_n merged into ``acc``), else the reference quantizer's torch
+    ops, stacked."""
     fmt = quantizer.format
     k = _kernel(t)
-    if k is not None and type(fmt) is MXFormat and t.dim() >= 1 and k.handles(t):
-        try:
-            rows = k.mx_rows(t, fmt)
-        except Exception as exc:  # noqa: BLE001 - as in _dev_rows
-            _KERNEL["module" if t.is_cuda else "cpu"] = None
-            warnings.warn(f"numcheck.telemetry: the device pass failed ({type(exc).__name__}: "
-                          f"{exc}); using the torch route", RuntimeWarning, stacklevel=4)
-        else:
-            fields.host_update(acc, {"q_n": float(t.numel())})
-            return k.MX_INDEX, rows
+    rows_of = None if k is None else {MXFormat: k.mx_rows, NVFP4Format: k.nvfp4_rows}.get(
+        type(fmt))
+    rows = _launch(t, rows_of, t, fmt) if rows_of is not None and t.dim() >= 1 and \
+        k.handles(t) else None
+    if rows is not None:
+        fields.host_update(acc, {"q_n": float(t.numel())})
+        return k.QUANT_INDEX, rows
     return _dev_part(fields.quant_stats(t, quantizer), acc)
 
 
@@ -1000,12 +1013,13 @@ class Telemetry:
             flag = _finite(ins) and not _finite(outs)
         self._events.append((name, op, role, pass_, flag, ins, outs))
 
-    def _add(self, name, op, role, t: torch.Tensor, extra: dict | None = None) -> None:
+    def _add(self, name, op, role, t: torch.Tensor, extra: list = ()) -> None:
         """Accumulate t's statistics into every row it belongs to (the recipe's and each
         what-if's for a quantized role of a linear layer). A row's host vector takes the
         fields known as floats (the compiled CPU passes; quantization / shadow fields given
         as floats or CPU tensors); fields on a device wait as device parts (read at
-        step())."""
+        step()). ``extra``: more fields for the row (_sqnr_pair's: dicts, or device
+        parts)."""
         if t.numel() == 0:
             return
         tags = [("", None, False)]
@@ -1025,16 +1039,14 @@ class Telemetry:
             h = slot[0]
             if host:
                 fields.host_plain(h, p)
-                if extra:
-                    fields.host_update(h, extra)
                 if qs[i] is not None:
                     fields.host_update(h, qs[i])
-                continue
-            slot[1].append((fields.PLAIN_INDEX, p))
-            for part in (_dev_part(extra, h) if extra else None,
-                         None if quantizer is None else _dev_quant(t, quantizer, h)):
-                if part is not None:
-                    slot[1].append(part)
+            else:
+                slot[1].append((fields.PLAIN_INDEX, p))
+                if quantizer is not None:
+                    _put(slot[1], _dev_quant(t, quantizer, h))
+            for e in extra:
+                _put(slot[1], _dev_part(e, h) if isinstance(e, dict) else e)
 
     def _record_forward(self, mod, name, op, args, kwargs, ins, outs) -> None:
         for t in ins:
@@ -1044,14 +1056,14 @@ class Telemetry:
             self._add(name, op, "weight", w)
         if not outs:
             return
-        extra = {}
+        extra = []
         if self.shadow:
             ref = self._layer_ref(mod, op, args, kwargs)
             if ref is not None:
-                extra.update(_sqnr_pair(outs[0], ref, "sh"))
+                extra += _sqnr_pair(outs[0], ref, "sh")
             pending = self._e2e_out.get(name)
             if pending:
-                extra.update(_sqnr_pair(outs[0], pending.pop(0), "e2e"))
+                extra += _sqnr_pair(outs[0], pending.pop(0), "e2e")
         self._add(name, op, "output", outs[0], extra)
         for t in outs[1:]:
             self._add(name, op, "output", t)
@@ -1156,12 +1168,21 @@ def _remode(mode) -> None:
         torch._C._push_on_torch_function_stack(mode)
 
 
-def _sqnr_pair(out: torch.Tensor, ref64: torch.Tensor, prefix: str) -> dict:
-    """fields.sqnr_pair, from the compiled pass on CPU (Python floats) where it applies."""
+def _sqnr_pair(out: torch.Tensor, ref64: torch.Tensor, prefix: str) -> list:
+    """fields.sqnr_pair as contributions to a row (Telemetry._add's ``extra``): Python floats
+    from the compiled CPU pass; on a device, the device pass's rows (_stats_cuda.sqnr_rows: one
+    launch); else the torch route's fields."""
     r = _host_sqnr(out, ref64)
-    if r is None:
-        return fields.sqnr_pair(out, ref64, prefix)
-    return {f"{prefix}_n": 1.0, f"{prefix}_sig_sq": r[0], f"{prefix}_err_sq": r[1]}
+    if r is not None:
+        return [{f"{prefix}_n": 1.0, f"{prefix}_sig_sq": r[0], f"{prefix}_err_sq": r[1]}]
+    k = _kernel(out)
+    rows = _launch(out, k.sqnr_rows, out, ref64) if k is not None and k.handles(out) and \
+        ref64.dtype is torch.float64 and ref64.shape == out.shape and \
+        ref64.device == out.device else None
+    if rows is not None:
+        return [{f"{prefix}_n": 1.0},
+                ((fields.INDEX[f"{prefix}_sig_sq"], fields.INDEX[f"{prefix}_err_sq"]), rows)]
+    return [fields.sqnr_pair(out, ref64, prefix)]
 
 
 def watch(model: nn.Module, recipe=None, shadow: bool = False, what_if=(), every: int = 1, *,

@@ -95,22 +95,27 @@ fmts["mx_e4m3_k24"] = MXFormat("e4m3", 24)   # a block that is no power of two
 fmts["nvfp4_2d"] = NVFP4Format(two_d=True)
 assert len(fmts) >= 12, list(fmts)
 shapes = Q.SHAPES if sys.argv[2] == "all" else ((3, 45), (1, 1), (2, 5, 40), (33, 128))
+# every other small case with a program per block (their rows merged; interpreted programs
+# are slow, so not on the largest shape)
+programs = ((K._PER_BLOCKS, K._TILE_LANES), (1, 16))
+# a float64 tile whose e4m3 block scale is 96: libm's log2 of its decode scale is one ulp off
+# torch's (the reference's)
+ulp = torch.zeros(1, 32, dtype=torch.float64)
+ulp[0, 0], ulp[0, 16] = 24.503285793136904, 5.25
+cases = [(dist, shape, dtype) for dtype in Q.DTYPES for dist in Q.DISTS for shape in shapes]
 for name, fmt in fmts.items():
-    rows_of = K.mx_rows if type(fmt) is MXFormat else K.nvfp4_rows
-    for dtype in Q.DTYPES:
-        for dist in Q.DISTS:
-            for shape in shapes:
-                t = Q._values(dist, shape, dtype, 7)
-                ref = {k: v.item() for k, v in fields.quant_stats(t, Q._Q(fmt)).items()}
-                got = fields.host_identity()
-                fields.host_rows(got, K.QUANT_INDEX, rows_of(t, fmt).numpy())
-                got = {k: got[fields.INDEX[k]] for k in K.QUANT_FIELDS}
-                Q._assert_matches({**got, "q_n": float(t.numel())}, ref,
-                                  f"{name} {dtype} {dist} {shape}")
+    for i, (dist, shape, dtype) in enumerate([*cases, ("ulp", None, None)]):
+        K._PER_BLOCKS, K._TILE_LANES = programs[i % 2 if shape != (33, 128) else 0]
+        t = ulp if dist == "ulp" else Q._values(dist, shape, dtype, 7)
+        ref = {k: v.item() for k, v in fields.quant_stats(t, Q._Q(fmt)).items()}
+        rows, fix = K.quant_rows(t, fmt)
+        got = fields.host_identity()
+        fields.host_rows(got, K.QUANT_INDEX, (fix or (lambda r: r))(rows.numpy()))
+        got = {k: got[fields.INDEX[k]] for k in K.QUANT_FIELDS}
+        Q._assert_matches({**got, "q_n": float(t.numel())}, ref,
+                          f"{name} {dtype} {dist} {shape}")
 print("ok")
 """
-
-
 def _mx_sweep(shapes: str) -> None:
     env = {**os.environ, "TRITON_INTERPRET": "1"}
     res = subprocess.run([sys.executable, "-c", _MX, os.path.dirname(__file__), shapes],
@@ -161,7 +166,8 @@ def test_device_pass_compiles_for_sm90():
         for kern, args, variants in (
                 (K._sqnr, ["*fp64", "*fp64", "i64", "i64"], [{}]),
                 (K._amax_bits, ["*i64", "i64", "i64"], [{}]),
-                (K._blocks, ["*i64", "*fp64", *["i64"] * 6], [{**v, **fmt} for v in blocks])):
+                (K._blocks, ["*i64", "i64", "*fp64", *["i64"] * 6],
+                 [{**v, **fmt, "CELLS": K._PROGRAMS} for v in blocks])):
             for more in variants:
                 sig = dict(zip(kern.arg_names, [ptr[dtype.itemsize], *args]))
                 const = {**K.constants(dtype), **more}
@@ -219,10 +225,11 @@ for name, (fn, producer) in runs.items():
     host, host_nf = fn()                # the compiled CPU pass
     W._FAST["module"] = None            # CPU tensors through the device pass
     W._KERNEL["cpu"] = K
-    saved = K._PER, K._LANES
-    K._PER = K._LANES = 16              # several programs (rows) per tensor: their merge
+    saved = K._PER, K._LANES, K._PER_BLOCKS, K._TILE_LANES
+    K._PER = K._LANES = K._TILE_LANES = 16   # several programs (rows) per tensor, a program
+    K._PER_BLOCKS = 1                        # per quantization block: their merge
     dev, dev_nf = fn()
-    K._PER, K._LANES = saved
+    K._PER, K._LANES, K._PER_BLOCKS, K._TILE_LANES = saved
     W._FAST.clear()
     W._KERNEL.clear()
     F._assert_same_records(dev, host)

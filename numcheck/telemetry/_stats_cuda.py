@@ -198,6 +198,31 @@ _TILE_LANES = 1024    # elements of whole blocks a program reads at once
 _PER_BLOCKS = 2048    # blocks per program at least (64K elements of 32-blocks)
 
 
+def quant_rows(t: torch.Tensor, fmt):
+    """(rows, fix) for an MX or NVFP4 format (these exact classes: a subclass may change any
+    rule; None for any other format): the rows of mx_rows / nvfp4_rows, and what to apply to
+    them once read back (numpy, before fields.host_rows merges them), or None."""
+    from ..quant.mx import MXFormat
+    from ..quant.nvfp4 import NVFP4Format
+    if type(fmt) is MXFormat:
+        return mx_rows(t, fmt), None
+    if type(fmt) is NVFP4Format:
+        return nvfp4_rows(t, fmt), log2_extremes
+    return None
+
+
+def log2_extremes(rows):
+    """nvfp4_rows' rows with their smallest and largest decode scale (blk_log2_min/max's
+    columns) made torch.log2 of them, as fields.quant_stats takes them: Triton's log2 (libm's
+    or libdevice's) differs from torch's in the last bit on ~2e-5 of NVFP4 scales, and the
+    extremes are compared bitwise (the log2 sums keep Triton's: one ulp a term is within
+    their bound). Columns with no scaled block keep +-inf."""
+    out = rows.copy()
+    ext = torch.from_numpy(out[:, 6:8].copy())
+    out[:, 6:8] = torch.where(ext > 0, torch.log2(ext), ext).numpy()
+    return out
+
+
 def mx_rows(t: torch.Tensor, fmt) -> torch.Tensor:
     """(programs, len(QUANT_FIELDS)) float64 rows on t's device that merge by fields.FIELDS'
     rules into ``fields.quant_stats(t, Quantizer(fmt))`` less q_n, for ``type(fmt) is
@@ -217,9 +242,8 @@ def nvfp4_rows(t: torch.Tensor, fmt) -> torch.Tensor:
     deterministic), then the tiles through _quant_cpu._nvfp4's arithmetic (fp32 tensor scales
     2688 / amax and amax / 2688, the e4m3 block scale rounded and saturated from
     (tile amax x enc) / 6, e2m1 elements of x / (block scale x dec), a zero scale flushing the
-    tile). blk_log2_min/max and the log2 sums take Triton's log2 of the decode scale
-    (libdevice's on a GPU, libm's under the interpreter; the reference takes torch.log2: the
-    tests find them equal)."""
+    tile). blk_log2_min/max's columns hold the smallest and largest decode scale (log2_extremes
+    makes them torch's log2 after the read-back); the log2 sums take Triton's log2."""
     from .. import formats
     from ..quant.nvfp4 import NVFP4_BLOCK
     tr = NVFP4_BLOCK if fmt.two_d else 1
@@ -243,20 +267,22 @@ def _block_rows(t: torch.Tensor, tr: int, tc: int, f, NV: bool, RCEIL: bool) -> 
     tiles = max(1, _TILE_LANES // (tr * tcp))   # tiles a program reads at once
     per, programs = _split(ntiles, _PER_BLOCKS, tiles)
     bits = x.view(_BITS[x.dtype][0]).reshape(-1)
-    cell = torch.zeros(1, dtype=torch.int64, device=x.device)   # NVFP4: the tensor's amax
     out = torch.empty(programs, len(QUANT_FIELDS), dtype=torch.float64, device=x.device)
     e4 = formats.get("e4m3")
     c = constants(x.dtype)
     with _on(x):
-        if NV:
-            per_a, programs_a = _split(bits.numel(), _PER, _LANES)
-            _amax_bits[(programs_a,)](bits, cell, bits.numel(), per_a, **c)
-        _blocks[(programs,)](bits, cell, out, rows, cols, nbr, ntiles, per, **c, TR=tr, TC=tc,
+        cells, ncells = out, 0   # MX reads no tensor amax
+        if NV:   # each program's largest magnitude bits; _blocks takes their max
+            per_a, ncells = _split(bits.numel(), _PER, _LANES)
+            cells = torch.empty(ncells, dtype=torch.int64, device=x.device)
+            _amax_bits[(ncells,)](bits, cells, bits.numel(), per_a, **c)
+        _blocks[(programs,)](bits, cells, ncells, out, rows, cols, nbr, ntiles, per, **c,
+                             TR=tr, TC=tc,
                              TCP=tcp, TILES=tiles, NV=NV, RCEIL=RCEIL, EMIN=f.emin,
                              EMAX=f.emax, MBITS=f.mbits, FMAX=f.max, THR=f.overflow_threshold,
                              E4_EMIN=e4.emin, E4_EMAX=e4.emax, E4_MBITS=e4.mbits,
                              E4_MAX=e4.max, RANGE=TENSOR_RANGE, ELEM_MAX=E2M1_MAX,
-                             enable_fp_fusion=False)
+                             CELLS=_PROGRAMS, enable_fp_fusion=False)
     return out
 
 
@@ -305,20 +331,23 @@ def _amax_bits(bits_ptr, cell_ptr, n, per, INF: tl.constexpr, MASK: tl.constexpr
     for j in range(start, end, LANES):
         idx = j + lane
         mx = tl.maximum(mx, _mag(tl.load(bits_ptr + idx, mask=idx < end, other=0), MASK, WIDTH))
-    tl.atomic_max(cell_ptr, tl.max(mx, axis=0).to(tl.int64))
+    tl.store(cell_ptr + tl.program_id(0), tl.max(mx, axis=0).to(tl.int64))
 
 
 @triton.jit
-def _blocks(bits_ptr, cell_ptr, out_ptr, rows, cols, nbr, ntiles, per, INF: tl.constexpr,
+def _blocks(bits_ptr, cell_ptr, ncells, out_ptr, rows, cols, nbr, ntiles, per,
+            INF: tl.constexpr,
             MASK: tl.constexpr, WIDTH: tl.constexpr, BF16: tl.constexpr, LANES: tl.constexpr,
             TR: tl.constexpr, TC: tl.constexpr, TCP: tl.constexpr, TILES: tl.constexpr,
             NV: tl.constexpr, RCEIL: tl.constexpr, EMIN: tl.constexpr, EMAX: tl.constexpr,
             MBITS: tl.constexpr, FMAX: tl.constexpr, THR: tl.constexpr,
             E4_EMIN: tl.constexpr, E4_EMAX: tl.constexpr, E4_MBITS: tl.constexpr,
-            E4_MAX: tl.constexpr, RANGE: tl.constexpr, ELEM_MAX: tl.constexpr):
+            E4_MAX: tl.constexpr, RANGE: tl.constexpr, ELEM_MAX: tl.constexpr,
+            CELLS: tl.constexpr):
     pid = tl.program_id(0)
     if NV:   # the tensor scales from its amax (nvfp4_quantize): 1 and 1 for amax 0
-        top_bits = tl.load(cell_ptr)
+        k = tl.arange(0, CELLS)
+        top_bits = tl.max(tl.load(cell_ptr + k, mask=k < ncells, other=0), axis=0)
         if WIDTH != 64:
             top_bits = top_bits.to(tl.int32)
         tamax = _abs_value(top_bits, INF, WIDTH, BF16)
@@ -362,6 +391,7 @@ def _blocks(bits_ptr, cell_ptr, out_ptr, rows, cols, nbr, ntiles, per, INF: tl.c
             live = bl & (amax > 0) & (bad == 0)
             scaled = live & (s > 0) & (s < float("inf"))
             l2 = tl.log2(tl.where(scaled, s, 1.0))
+            ext = s   # the extremes: the scales themselves (log2_extremes takes torch's log2)
             at_end = s == 0
         else:
             if RCEIL:
@@ -380,6 +410,7 @@ def _blocks(bits_ptr, cell_ptr, out_ptr, rows, cols, nbr, ntiles, per, INF: tl.c
             live = bl & (amax > 0) & (bad == 0)
             scaled = live   # a live MX block's scale is a finite power of two
             l2 = e.to(tl.float64)
+            ext = l2
             at_end = (e >= 127) | (e <= -127)
         fv = m & fin
         sq = tl.where(fv, v * v, 0.0)
@@ -394,8 +425,8 @@ def _blocks(bits_ptr, cell_ptr, out_ptr, rows, cols, nbr, ntiles, per, INF: tl.c
         err += berr
         blk += live.to(tl.int64)
         nscaled += scaled.to(tl.int64)
-        lmin = tl.minimum(lmin, tl.where(scaled, l2, float("inf")))
-        lmax = tl.maximum(lmax, tl.where(scaled, l2, -float("inf")))
+        lmin = tl.minimum(lmin, tl.where(scaled, ext, float("inf")))
+        lmax = tl.maximum(lmax, tl.where(scaled, ext, -float("inf")))
         lsum += tl.where(scaled, l2, 0.0)
         lsq += tl.where(scaled, l2 * l2, 0.0)
         clip += (live & (bsat > 0)).to(tl.int64)

@@ -223,25 +223,27 @@ def _dev_rows(t: torch.Tensor) -> torch.Tensor:
     return torch.stack([v.to(torch.float64) for v in fields.tensor_stats(t).values()])[None]
 
 
+_BLOCK_FORMATS = (MXFormat, NVFP4Format)   # the device pass's quantization statistics
+
+
 def _put(parts: list, part: tuple | None) -> None:
     if part is not None:
         parts.append(part)
 
 
 def _dev_quant(t: torch.Tensor, quantizer, acc: list[float]) -> tuple | None:
-    """fields.quant_stats(t, quantizer) as _dev_part gives it: for an MX or NVFP4 format (these
-    exact classes: a subclass may change any rule), the device pass's rows (_stats_cuda.mx_rows,
-    one launch; nvfp4_rows, two; q_n merged into ``acc``), else the reference quantizer's torch
-    ops, stacked."""
+    """fields.quant_stats(t, quantizer) as a device part (field indices, rows[, what to apply to
+    the rows read back]): for an MX or NVFP4 format (these exact classes: a subclass may change
+    any rule), the device pass's rows (_stats_cuda.quant_rows: one launch, NVFP4 two; q_n merged
+    into ``acc``), else the reference quantizer's torch ops, stacked."""
     fmt = quantizer.format
     k = _kernel(t)
-    rows_of = None if k is None else {MXFormat: k.mx_rows, NVFP4Format: k.nvfp4_rows}.get(
-        type(fmt))
-    rows = _launch(t, rows_of, t, fmt) if rows_of is not None and t.dim() >= 1 and \
-        k.handles(t) else None
-    if rows is not None:
+    got = _launch(t, k.quant_rows, t, fmt) if k is not None and type(fmt) in _BLOCK_FORMATS \
+        and t.dim() >= 1 and k.handles(t) else None
+    if got is not None:
         fields.host_update(acc, {"q_n": float(t.numel())})
-        return k.QUANT_INDEX, rows
+        rows, fix = got
+        return (k.QUANT_INDEX, rows) if fix is None else (k.QUANT_INDEX, rows, fix)
     return _dev_part(fields.quant_stats(t, quantizer), acc)
 
 
@@ -494,7 +496,7 @@ class Telemetry:
             dist = torch.distributed
             rank = dist.get_rank() if dist.is_available() and dist.is_initialized() else 0
         self.rank, self.step_index, self.busy = rank, 0, False
-        # per row key: [host vector (floats), device parts: (field indices, (r, k) rows)]
+        # per row key: [host vector (floats), device parts: (field indices, (r, k) rows[, fix])]
         self._acc: dict[tuple, list] = {}
         # producer checks: (module, op, role, pass, flag (None: read at step()), what the call
         # consumed, what it made): observations (_merge_obs) of both
@@ -1137,15 +1139,15 @@ class Telemetry:
         producer checks read with one device-to-host copy per device (none on a CPU-only
         model: its host rows are Python floats already), then merged on the host."""
         ev = self._events if self._first is None else []
-        pending = {id(x): x for slot in self._acc.values() for _, x in slot[1]}
+        pending = {id(part[1]): part[1] for slot in self._acc.values() for part in slot[1]}
         for e in ev:
             if e[4] is None:
                 pending.update((id(x), x) for o in e[5:] if isinstance(o, _Pending)
                                for x in o.rows)
         got = _read_back(pending.values()) if pending else {}
         for k, (raw, parts) in self._acc.items():
-            for idx, x in parts:
-                fields.host_rows(raw, idx, got[id(x)])
+            for idx, x, *fix in parts:
+                fields.host_rows(raw, idx, fix[0](got[id(x)]) if fix else got[id(x)])
             self._rows.append({"step": self.step_index, "rank": self.rank, "module": k[0],
                                "op": k[1], "role": k[2], "pass": k[3], "recipe": k[4],
                                "what_if": k[5], **dict(zip(fields.NAMES, raw, strict=True))})

@@ -237,9 +237,9 @@ def mx_rows(t: torch.Tensor, fmt) -> torch.Tensor:
 
 def nvfp4_rows(t: torch.Tensor, fmt) -> torch.Tensor:
     """As mx_rows, for ``type(fmt) is NVFP4Format``: tiles of 1 x 16 (16 x 16 with
-    ``two_d``); two launches: the tensor's amax (an integer atomic max of the magnitude bits:
-    NaN's lie above Inf's, so a NaN anywhere makes it NaN, as nvfp4_quantize has it;
-    deterministic), then the tiles through _quant_cpu._nvfp4's arithmetic (fp32 tensor scales
+    ``two_d``); two launches: each program's largest magnitude bits (NaN's lie above Inf's,
+    so a NaN anywhere makes the tensor's amax NaN, as nvfp4_quantize has it), whose maximum
+    the block kernel takes, then the tiles through _quant_cpu._nvfp4's arithmetic (fp32 tensor scales
     2688 / amax and amax / 2688, the e4m3 block scale rounded and saturated from
     (tile amax x enc) / 6, e2m1 elements of x / (block scale x dec), a zero scale flushing the
     tile). blk_log2_min/max's columns hold the smallest and largest decode scale (log2_extremes

@@ -19,10 +19,12 @@ import pytest
 triton = pytest.importorskip("triton")
 
 
-def _interpreted(script: str) -> None:
+def _interpreted(script: str, *args: str, timeout: int = 900) -> None:
+    """Run ``script`` in a Python with TRITON_INTERPRET=1 (argv: this folder, then ``args``);
+    it must end by printing "ok"."""
     env = {**os.environ, "TRITON_INTERPRET": "1"}
-    res = subprocess.run([sys.executable, "-c", script, os.path.dirname(__file__)],
-                         capture_output=True, text=True, timeout=900, env=env)
+    res = subprocess.run([sys.executable, "-c", script, os.path.dirname(__file__), *args],
+                         capture_output=True, text=True, timeout=timeout, env=env)
     assert res.returncode == 0 and res.stdout.strip().endswith("ok"), \
         (res.stdout[-3000:], res.stderr[-3000:])
 
@@ -116,14 +118,6 @@ for name, fmt in fmts.items():
                           f"{name} {dtype} {dist} {shape}")
 print("ok")
 """
-def _mx_sweep(shapes: str) -> None:
-    env = {**os.environ, "TRITON_INTERPRET": "1"}
-    res = subprocess.run([sys.executable, "-c", _MX, os.path.dirname(__file__), shapes],
-                         capture_output=True, text=True, timeout=1800, env=env)
-    assert res.returncode == 0 and res.stdout.strip().endswith("ok"), \
-        (res.stdout[-3000:], res.stderr[-3000:])
-
-
 def test_mx_statistics_equal_the_reference_under_the_interpreter():
     """The MX and NVFP4 kernels (_stats_cuda.mx_rows, nvfp4_rows) against fields.quant_stats
     (numcheck's reference quantizers in float64): every MX format the recipes reach and the
@@ -131,12 +125,12 @@ def test_mx_statistics_equal_the_reference_under_the_interpreter():
     dtype, tests/test_telemetry_quant_cpu.py's distributions (NaN and Inf blocks, zero blocks,
     near overflow, subnormals, ties) and its bounds: counts and scales bitwise, float sums
     within their order's bound."""
-    _mx_sweep("some")
+    _interpreted(_MX, "some")
 
 
 @pytest.mark.slow
 def test_mx_statistics_equal_the_reference_on_every_shape():
-    _mx_sweep("all")
+    _interpreted(_MX, "all", timeout=1800)
 
 
 def test_device_pass_compiles_for_sm90():

@@ -92,27 +92,26 @@ def install() -> bool:
 _MODULES: dict = {}
 
 
-def kernels_module(device, name: str = "numcheck.triton_kernels"):
-    """The Triton module ``name`` (numcheck.triton_kernels unless told) for ``device``: on CUDA
-    the module as imported (compiled kernels); on the CPU a second copy of it whose
-    ``@triton.jit`` decorators ran with the interpreter switched on inside
-    ``triton.knobs.runtime.scope()`` (restored after: no other kernel of the process and no
-    environment variable changes), with ``install()``."""
-    import importlib
+def kernels_module(device):
+    """numcheck.triton_kernels for ``device``: on CUDA the module as imported (compiled
+    kernels); on the CPU a second copy of it whose ``@triton.jit`` decorators ran with the
+    interpreter switched on inside ``triton.knobs.runtime.scope()`` (restored after: no other
+    kernel of the process and no environment variable changes), with ``install()``."""
     if torch.device(device).type != "cpu":
-        return importlib.import_module(name)
-    if name not in _MODULES:
+        from . import triton_kernels
+        return triton_kernels
+    if "cpu" not in _MODULES:
         import importlib.util
 
         import triton
         install()
-        spec = importlib.util.find_spec(name)
+        spec = importlib.util.find_spec("numcheck.triton_kernels")
         mod = importlib.util.module_from_spec(spec)
         with triton.knobs.runtime.scope():
             triton.knobs.runtime.interpret = True
             spec.loader.exec_module(mod)
-        _MODULES[name] = mod
-    return _MODULES[name]
+        _MODULES["cpu"] = mod
+    return _MODULES["cpu"]
 
 
 def available() -> str | None:

@@ -23,8 +23,8 @@ from pathlib import Path
 
 import torch
 
-from numcheck import _process
-from numcheck.convergence.run import RUN_SETTINGS, converge
+from numcheck.frontends import process as _process
+from numcheck.convergence.converge import RUN_SETTINGS, converge
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "suites"))

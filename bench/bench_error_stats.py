@@ -21,7 +21,7 @@ import time
 import torch
 
 import numcheck as nc
-from numcheck import stats
+from numcheck.measure import stats
 
 
 def _timed(fn, repeat: int, device: str) -> float:

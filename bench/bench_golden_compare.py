@@ -19,9 +19,9 @@ import tempfile
 import time
 from pathlib import Path
 
-from numcheck import golden
+from numcheck.goldens import store as golden
 from numcheck.records import Record
-from numcheck.regression import compare_tables
+from numcheck.goldens.regression import compare_tables
 
 
 def _row(i: int, rel: float) -> dict:

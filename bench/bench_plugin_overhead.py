@@ -37,7 +37,7 @@ neither pays one-off costs the other then gets for free: torch.compile's graphs 
 kernels: dynamic=False graphs keyed by shape, dtype, strides and requires_grad, which both timed
 passes then hit), flex_attention's and oneDNN's first-call set-up, lazy imports. ``--warmup
 compiled`` warms up the compiled kernels only (faster; the bare loop then pays the rest).
-glibc's allocator is tuned for the whole process as ``numcheck run`` does (numcheck._process,
+glibc's allocator is tuned for the whole process as ``numcheck run`` does (numcheck.frontends.process,
 where the checkout has it). Threads: both paths at numcheck's pinned count
 (numerics.PINNED_THREADS). On a shared machine other processes' load still changes the ratio
 (OpenMP regions wait for descheduled threads, and the plugin path enters many more of them):
@@ -65,9 +65,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from numcheck import inputs, numerics
+from numcheck.cases import inputs
+from numcheck.measure import numerics
 from numcheck.run import default_device
-from numcheck.suite import case_param_id, suite_cases
+from numcheck.frontends.context import case_param_id, suite_cases
 
 ROOT = Path(__file__).resolve().parent.parent
 SUITE = "suites/test_ops.py"
@@ -258,10 +259,10 @@ class _Timer:
 
 
 def _tune_allocator() -> str:
-    """What ``numcheck run`` loads (-p numcheck._process: glibc's thresholds), for the whole
+    """What ``numcheck run`` loads (-p numcheck.frontends.process: glibc's thresholds), for the whole
     process, so both paths; absent in older checkouts."""
     try:
-        from numcheck import _process
+        from numcheck.frontends import process as _process
     except ImportError:
         return "absent"
     return "tuned" if _process.tune() else "unchanged"

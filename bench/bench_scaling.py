@@ -19,8 +19,8 @@ import time
 import torch
 
 import numcheck as nc
-from numcheck import _process
-from numcheck.cases import Case
+from numcheck.frontends import process as _process
+from numcheck.cases.grid import Case
 from numcheck.catalog import get_op, kernels
 
 

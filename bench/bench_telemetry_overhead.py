@@ -30,7 +30,7 @@ import torch
 
 from numcheck import telemetry
 from numcheck.convergence.models import build
-from numcheck.telemetry.watch import KeepFP64
+from numcheck.telemetry.watcher import KeepFP64
 
 _ALL = dict(recipe="mxfp8", what_if=("mxfp4", "nvfp4"), shadow=True)
 SETTINGS = {

@@ -8,7 +8,7 @@ block size n_compared / n_blocks):
 g: the golden row (the eager kernel), c: the current row, E = max(g.kernel_rel, g.baseline_rel),
 u: unit roundoff of the output format. The script runs every op's quick grid on the CPU:
 
-1. benign rewrites (numcheck.variants, plus a few of the bench's own) against the eager kernel:
+1. benign rewrites (numcheck.ops.variants, plus a few of the bench's own) against the eager kernel:
    the excess d = c.rel - g.rel in units of E, of g.rel / sqrt(2 n) and of u, per op and dtype;
 2. the eager kernel under 1 thread instead of the pinned 2, and under ATEN_CPU_CAPABILITY=avx2
    (another machine's vector code) in a subprocess;
@@ -40,12 +40,13 @@ import torch
 import torch.nn.functional as F
 
 import numcheck as nc
-from numcheck import formats, numerics
+from numcheck import formats
+from numcheck.measure import numerics
 from numcheck.catalog import get_op, kernels
 from numcheck.registry import Kernel
 from numcheck.ops.rope import rotate_half
 
-from numcheck.variants import (
+from numcheck.ops.variants import (
     adaln_unfused_fp32, cross_entropy_unfused, gelu_erfc_fp32, linear_row_tiles, linear_unfused,
     ln_welford, log_softmax_two_pass_fp32, matmul_blocked_fp32, matmul_fp32_accumulate,
     matmul_split_k_reversed, rms_reversed_fp32_sum, rope_complex_fp32, rope_fma,
@@ -62,7 +63,7 @@ CANDIDATES = [(0.10, 1.25, 6.0, 0.05), (0.10, 0.10, 6.0, 0.05), (0.05, 1.25, 6.0
 N_BINS = [(0, 64), (64, 256), (256, 1024), (1024, 16384), (16384, 1 << 40)]
 RATIO_BINS = [(1.0, 1.5), (1.5, 4.0), (4.0, math.inf)]  # E / g.rel: baseline vs kernel error
 
-# ---- the bench's own benign rewrites (the shared ones are in numcheck.variants) -------------
+# ---- the bench's own benign rewrites (the shared ones are in numcheck.ops.variants) -------------
 
 
 def rms_fp32_upcast(x, weight, eps):  # bench: F.rms_norm on fp32 copies, one rounding

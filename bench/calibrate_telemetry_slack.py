@@ -1,4 +1,4 @@
-"""Calibration of the telemetry goldens' slacks (numcheck.telemetry_rules): how far the
+"""Calibration of the telemetry goldens' slacks (numcheck.telemetry.telemetry_rules): how far the
 per-layer floors move across ATen CPU capabilities, and how far planted degradations move them.
 
     # one run per tier, each in its own process and inductor cache:
@@ -12,7 +12,7 @@ per-layer floors move across ATen CPU capabilities, and how far planted degradat
 what-if recipes, 4 steps, seed 0, one thread) and writes the floors (numcheck.telemetry.floors)
 unrounded. ``spread`` prints, per gated statistic, the largest |difference| between any two
 dumps over every record, next to the slack. ``planted`` runs the models once with MXFP8 as
-observed and the same recipe with a planted fault (numcheck.variants.planted_mx_recipe: one
+observed and the same recipe with a planted fault (numcheck.ops.variants.planted_mx_recipe: one
 mantissa bit lost; the block scales one binade too high, too low) and prints the smallest move of each statistic the fault causes.
 """
 from __future__ import annotations
@@ -21,11 +21,11 @@ import itertools
 import sys
 
 from numcheck.convergence.train import STATE
-from numcheck.numerics import pinned
+from numcheck.measure.numerics import pinned
 from numcheck.telemetry import inspect as ins
 from numcheck.telemetry.floors import floors
-from numcheck.telemetry_rules import STATS, slack
-from numcheck.variants import planted_mx_recipe
+from numcheck.telemetry.telemetry_rules import STATS, slack
+from numcheck.ops.variants import planted_mx_recipe
 
 MODELS = ("tiny_lm", "tiny_dit", "mlp")
 WHAT_IF = ("nvfp4", "fp8_tensor", "mxfp6", "mxfp4", "fp8_block", "int8")

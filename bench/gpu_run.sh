@@ -9,7 +9,7 @@
 # kind than the development machine's), and numcheck.telemetry's cost on CUDA (the tiny models;
 # tests/test_telemetry_cuda.py runs with the cuda tests). Outputs go to $OUT (default ./out);
 # the dated notes under docs/ are written from them. Runs without installing numcheck (the GPU
-# image has its own CUDA torch): PYTHONPATH and `-p numcheck.plugin`.
+# image has its own CUDA torch): PYTHONPATH and `-p numcheck.frontends.plugin`.
 set -u
 export PYTHONUNBUFFERED=1 PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
 OUT=${OUT:-out}
@@ -24,8 +24,8 @@ step() {  # step NAME COMMAND...: run, keep the output, print rc and wall time
 }
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
 step doctor "$py" -m numcheck doctor
-step tests_cuda "$py" -m pytest -p numcheck.plugin tests -q -n 8 -m cuda -rfE -p no:cacheprovider
-step suites_cuda "$py" -m pytest -p numcheck.plugin suites -q -n 8 --dist loadgroup \
+step tests_cuda "$py" -m pytest -p numcheck.frontends.plugin tests -q -n 8 -m cuda -rfE -p no:cacheprovider
+step suites_cuda "$py" -m pytest -p numcheck.frontends.plugin suites -q -n 8 --dist loadgroup \
   --numcheck-device cuda -rfEx -p no:cacheprovider --numcheck-golden-dir "$OUT/golden" \
   --numcheck-refresh --numcheck-results "$OUT/results.parquet"
 step report "$py" -m numcheck report "$OUT/results.parquet" --out "$OUT/report.md"

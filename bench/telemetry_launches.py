@@ -25,7 +25,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from numcheck import telemetry
 from numcheck.convergence.models import build
 
-W = importlib.import_module("numcheck.telemetry.watch")
+W = importlib.import_module("numcheck.telemetry.watcher")
 
 # ops that launch no kernel: metadata, allocation
 _NO_KERNEL = {
@@ -101,7 +101,7 @@ def main() -> None:
     if args.route == "pass":
         if os.environ.get("TRITON_INTERPRET") != "1":
             ap.error("--route pass runs the Triton kernels interpreted: set TRITON_INTERPRET=1")
-        from numcheck.telemetry import _stats_cuda
+        from numcheck.telemetry import _fields_triton as _stats_cuda
         kernels = type("Counted", (), {"__orig__": _stats_cuda})()
         for k in dir(_stats_cuda):
             if not k.startswith("__"):

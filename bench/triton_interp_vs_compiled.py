@@ -11,8 +11,9 @@ import sys
 
 import torch
 
-from numcheck import _triton_interp, formats
+from numcheck import formats
 
+from numcheck.kernels import triton_interp as _triton_interp
 CASES = [  # (kernel, dtype, shape, kwargs)
     ("rms_norm", torch.bfloat16, (64, 1025), {}), ("rms_norm", torch.float32, (64, 4096), {}),
     ("softmax", torch.bfloat16, (64, 1025), {}), ("softmax", torch.float32, (64, 4096), {}),

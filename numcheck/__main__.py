@@ -1,6 +1,6 @@
 """``python -m numcheck``: the same as the ``numcheck`` console script."""
 import sys
 
-from .cli import main
+from numcheck.frontends.cli import main
 
 sys.exit(main())

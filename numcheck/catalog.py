@@ -10,10 +10,11 @@ from __future__ import annotations
 
 from typing import Callable
 
-from .cases import default_grid
-from .ops import activations, attention, matmul, norms, quant, rope, softmax
-from .policy import Policy
-from .registry import Kernel, OpSpec, Registry, check_constraints
+from numcheck.cases.grid import default_grid
+from numcheck.ops import activations, attention, matmul, norms, rope, softmax
+from numcheck.ops import qdq as quant
+from numcheck.verdicts.policy import Policy
+from numcheck.registry import Kernel, OpSpec, Registry, check_constraints
 
 CATALOG = Registry()
 for _suite, _family in (("ops", norms), ("ops", matmul), ("ops", attention), ("ops", softmax),

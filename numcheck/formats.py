@@ -32,7 +32,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .errors import UsageError
+from numcheck.errors import UsageError
 
 ROUNDINGS = ("rne", "rz", "rna", "sr")
 

@@ -2,7 +2,7 @@
 it fails.
 
 Every producer (op cases, quantization round trips and GEMMs, convergence curves) makes
-``Record``s; ``numcheck.verdict`` sets their ``status``; the golden session sets ``golden``;
+``Record``s; ``numcheck.verdicts.judge`` sets their ``status``; the golden session sets ``golden``;
 results files, goldens, the report, the plugin and ``verify`` read them. Whether a record fails a
 run is decided in one place, ``failing(record, mode)``.
 
@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any
 
-from .errorstats import ErrorStats
+from numcheck.measure.errorstats import ErrorStats
 
 STAT_FIELDS = tuple(f.name for f in dataclasses.fields(ErrorStats))
 STAT_SIDES = {"kernel_stats": "kernel", "baseline_stats": "baseline"}
@@ -119,7 +119,7 @@ class Record:
     series: list[float] | None = _golden(default=None)  # convergence: paired loss difference
     series_band: list[float] | None = _golden(default=None)
     metrics: dict[str, float] | None = _golden(default=None)  # family-specific scalars
-    # The platforms (numcheck.golden.platform_of) a golden row's values were seen on; its
+    # The platforms (numcheck.goldens.store.platform_of) a golden row's values were seen on; its
     # statistics are the worst of them (the envelope). A record: the platform it ran on.
     platforms: str = _golden(default="")
     # -- the rest of the verdict's inputs (results only)
@@ -128,7 +128,7 @@ class Record:
     family: str = "ops"
     cond: float = 1.0  # ||scale|| / ||ref|| (rule 5 floors on cancelling results)
     reduction_len: float = 0.0
-    # error over the condition-aware bound (numcheck.conditioning); None: not measured (it is
+    # error over the condition-aware bound (numcheck.verdicts.conditioning); None: not measured (it is
     # measured where the baseline or componentwise rule fails)
     cond_ratio: float | None = None
     findings: tuple[str, ...] = ()  # rule messages computed where the data lives (curves)
@@ -224,7 +224,7 @@ def family_of_row(row: dict[str, Any]) -> str:
         return "convergence"
     if row.get("output") == "fingerprint":
         return "fingerprint"
-    if row.get("output") == "telemetry":  # numcheck.telemetry_rules
+    if row.get("output") == "telemetry":  # numcheck.telemetry.telemetry_rules
         return "telemetry"
     if row.get("suite") == "quant" and row.get("op") in ("roundtrip", "gemm"):
         return "quant"

@@ -12,9 +12,9 @@ from typing import Any, Callable, Iterator
 
 import torch
 
-from .cases import Case, Grid
-from .errors import UsageError
-from .policy import Policy
+from numcheck.cases.grid import Case, Grid
+from numcheck.errors import UsageError
+from numcheck.verdicts.policy import Policy
 
 # A tensor argument: float64 values (before rounding) and the dtype it is stored in.
 TensorArg = tuple[torch.Tensor, torch.dtype]
@@ -41,7 +41,7 @@ class OpSpec:
     # Policy.bound_per_len.
     reduction_len: Callable[[Case], float] | None = None
     # Terms summed per output element (in the compute precision; the longest chain where there
-    # are several), for the condition-aware bound's gamma_n (numcheck.conditioning). None: 0.
+    # are several), for the condition-aware bound's gamma_n (numcheck.verdicts.conditioning). None: 0.
     sum_len: Callable[[Case], float] | None = None
     # What intermediate roundings of a stable algorithm move each output by, per unit roundoff,
     # beyond what perturbing the inputs does (float64, from the exact inputs; None: nothing).

@@ -22,15 +22,22 @@ from typing import Any
 
 import torch
 
-from . import _triton_interp, conditioning, environment, formats, inputs, numerics, policy, verdict
-from .cases import Case, check_case_set
-from .catalog import as_kernel, get_op, kernels
-from .compiled import isolate_inductor_cache
-from .errors import UsageError
-from .findings import cite
-from .records import Golden, Record, Status, failing
-from .registry import Kernel, OpSpec
-from .stats import error_stats
+from numcheck import formats
+from numcheck.kernels import triton_interp as _triton_interp
+from numcheck.verdicts import conditioning
+from numcheck.measure import environment
+from numcheck.cases import inputs
+from numcheck.measure import numerics
+from numcheck.verdicts import policy
+from numcheck.verdicts import judge as verdict
+from numcheck.cases.grid import Case, check_case_set
+from numcheck.catalog import as_kernel, get_op, kernels
+from numcheck.kernels.compiled import isolate_inductor_cache
+from numcheck.errors import UsageError
+from numcheck.verdicts.findings import cite
+from numcheck.records import Golden, Record, Status, failing
+from numcheck.registry import Kernel, OpSpec
+from numcheck.measure.stats import error_stats
 
 N_WORST = 5  # worst elements listed in a failing record
 
@@ -63,7 +70,7 @@ class Verification:
         return self.executed > 0 and not self.failures
 
     def summary(self) -> str:
-        from .report import verification_table
+        from numcheck.report.markdown import verification_table
         return verification_table(self)
 
 
@@ -201,7 +208,7 @@ class _Prepared:
     _spread: dict[str, torch.Tensor] | None = None
 
     def spread(self, spec: OpSpec, case: Case) -> dict[str, torch.Tensor]:
-        """The condition-aware bound's D per output (numcheck.conditioning), computed once,
+        """The condition-aware bound's D per output (numcheck.verdicts.conditioning), computed once,
         when a verdict first needs it."""
         if self._spread is None:
             def evaluate(x: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
@@ -252,7 +259,7 @@ class _KernelFailed(Exception):
 
 class CaseMemo:
     """A case's kernel-independent work, done once and shared by the kernels that run the case
-    one after another (the built-in suites order their items case by case: numcheck.suite).
+    one after another (the built-in suites order their items case by case: numcheck.frontends.context).
 
     Held for one (op, case, device) at a time; another case empties it. What it holds is a
     function of the case and of the key it is stored under, never of the kernel: the rounded
@@ -446,7 +453,7 @@ def _execute(spec: OpSpec, kern: Kernel, case: Case, device: str, p: _Prepared) 
 
 def _cond_ratio(spec: OpSpec, case: Case, o: _Output, p: _Prepared, fmt: str,
                 blocks) -> float | None:
-    """The output's error over its condition-aware bound (numcheck.conditioning); None when
+    """The output's error over its condition-aware bound (numcheck.verdicts.conditioning); None when
     the reference gives no such output (an unused gradient)."""
     d = p.spread(spec, case).get(o.name)
     if d is None:
@@ -524,7 +531,7 @@ def run_case(spec: OpSpec, kern: Kernel, case: Case, device: str, *,
     """Run one case; returns one judged record for the output and one per gradient.
 
     memo: a CaseMemo to share the case's kernel-independent work (inputs, reference, baseline
-    and its statistics) with the next kernels that run the same case (numcheck.suite)."""
+    and its statistics) with the next kernels that run the same case (numcheck.frontends.context)."""
     base = _base_record(spec, kern, case, device)
     reason = kern.skip_reason(case, device)
     if reason:
@@ -604,7 +611,7 @@ def verify(op: str, fn, *, kernel_name: str | None = None, cases: str = "quick",
         records.extend(run_case(spec, kern, case, device, save_dir=save_failures))
     mode = "check"
     if golden_dir is not None:
-        from .session import GoldenSession
+        from numcheck.goldens.session import GoldenSession
         mode = "refresh" if refresh else "check"
         for r in records:
             r.suite, r.case_set = suite, cases

@@ -20,8 +20,8 @@ import warnings
 import pytest
 
 from numcheck.convergence.recipes import DEFAULT_RECIPES
-from numcheck.convergence.run import converge, share_references
-from numcheck.plugin import case_set
+from numcheck.convergence.converge import converge, share_references
+from numcheck.frontends.plugin import case_set
 
 # Costliest first (the transformers' quantized recipes: 20-40 s each), so that under `-n 2` the
 # short tests fill the tail instead of one worker finishing a long one alone.
@@ -65,6 +65,6 @@ def test_convergence(conv_case, request, numcheck, shared_references):
         warnings.simplefilter("ignore")
         run = converge(model, recipes=[recipe], cases=cs, device="cpu",
                        steps=QUICK_STEPS[model] if cs == "quick" else None)
-    # The gate's verdict (numcheck.verdict) and the golden band are judged by check_records,
+    # The gate's verdict (numcheck.verdicts.judge) and the golden band are judged by check_records,
     # which also skips a recipe that cannot run here, with its reason.
     numcheck.check_records([r for r in run.records() if r.kernel == recipe])

@@ -1,5 +1,5 @@
 """Built-in fingerprint suite: every registered kernel of matmul, linear, sdpa, softmax,
-log_softmax, rms_norm and layer_norm on this machine's device, fingerprinted (numcheck.forensics) for each dtype its probe holds, and
+log_softmax, rms_norm and layer_norm on this machine's device, fingerprinted (numcheck.forensics.kernel_fingerprint) for each dtype its probe holds, and
 torch's FP8 GEMM (``torch._scaled_mm``, e4m3 operands: cuBLASLt on CUDA, its CPU kernel here),
 against golden/<device_class>/fingerprint.parquet: a changed accumulator, rounding, summation
 order, determinism or batch invariance fails the run on the golden's platform (drift on
@@ -9,8 +9,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from numcheck.forensics import suite_items, suite_record
-from numcheck.plugin import suite_device
+from numcheck.forensics.kernel_fingerprint import suite_items, suite_record
+from numcheck.frontends.plugin import suite_device
 
 
 def scaled_mm_e4m3(a, b):

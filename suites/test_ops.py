@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import pytest
 
-from numcheck.plugin import case_set
-from numcheck.suite import case_param_id, suite_cases
+from numcheck.frontends.plugin import case_set
+from numcheck.frontends.context import case_param_id, suite_cases
 
 
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:

@@ -4,7 +4,7 @@
   int4_qdq, scaled_matmul) against their FP64 references, exactly as suites/test_ops.py.
 * ``test_roundtrip[path-dist]``: round-trip SQNR (mean and worst block over the path's own
   quantization block), clip and underflow fractions and non-finite count of every quantization
-  path (numcheck.quant.suite.PATHS) on the input zoo, with the BF16 rounding of the same input as
+  path (numcheck.quant.paths.PATHS) on the input zoo, with the BF16 rounding of the same input as
   the yardstick. Fails below the path's measured floor for that distribution, or on any NaN/inf.
 * ``test_gemm[recipe-dist]``: ``scaled_matmul(a, b, recipe)`` against the FP64 product of the
   un-quantized operands; baseline the BF16 GEMM; fails when the SQNR gap to BF16 exceeds the
@@ -17,11 +17,11 @@ from __future__ import annotations
 
 import pytest
 
-from numcheck import inputs
-from numcheck.plugin import case_set
-from numcheck.quant import rules as QR
-from numcheck.quant import suite as QS
-from numcheck.suite import case_param_id, suite_cases
+from numcheck.cases import inputs
+from numcheck.frontends.plugin import case_set
+from numcheck.quant import quant_rules as QR
+from numcheck.quant import paths as QS
+from numcheck.frontends.context import case_param_id, suite_cases
 
 
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:

@@ -8,8 +8,8 @@ from __future__ import annotations
 import pytest
 
 from numcheck.catalog import get_op, kernels, ops
-from numcheck.plugin import suite_device
-from numcheck.search import search_test
+from numcheck.frontends.plugin import suite_device
+from numcheck.frontends.search import search_test
 
 SEARCHED = [s.name for s in ops("ops") if "torch" in kernels(s.name)]
 

@@ -2,12 +2,12 @@
 telemetry against golden/<device_class>/telemetry.parquet.
 
 One test per model: the model (numcheck.convergence.models, seed 0) trains a few fp32 AdamW
-steps on its fixed batches under ``numcheck.telemetry.watch`` with MXFP8 as the observed
+steps on its fixed batches under ``numcheck.telemetry.watcher`` with MXFP8 as the observed
 recipe, NVFP4 and FP8 tensor-wise as what-if recipes and the float64 shadows, as
 ``numcheck inspect`` does; each (module, role, recipe) becomes a record of its SQNR and
 worst-block SQNR floors, underflow and saturation ceilings and shadow SQNR floors over the
 steps (numcheck.telemetry.floors), judged against the golden with the slacks of
-numcheck.telemetry_rules. A quantizer that loses a quarter bit, a scale off by a binade, or a
+numcheck.telemetry.telemetry_rules. A quantizer that loses a quarter bit, a scale off by a binade, or a
 layer computed in lower precision fails.
 
 quick: the three models, 4 steps (about 2 s each on one thread). full: the same runs with more
@@ -19,8 +19,8 @@ from __future__ import annotations
 import pytest
 
 from numcheck.convergence.train import STATE
-from numcheck.numerics import pinned
-from numcheck.plugin import case_set
+from numcheck.measure.numerics import pinned
+from numcheck.frontends.plugin import case_set
 from numcheck.telemetry import inspect as ins
 
 MODELS = ("tiny_lm", "tiny_dit", "mlp")  # costliest first (under -n 2)

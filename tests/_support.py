@@ -11,7 +11,7 @@ from typing import Callable
 import pytest
 import torch
 
-from numcheck import environment
+from numcheck.measure import environment
 
 from numcheck.records import Record
 from numcheck.run import verify
@@ -70,7 +70,7 @@ class Finding:
 
     ``versions``: distribution -> the version prefixes it was measured on ("2.13" matches
     2.13.0+cpu); ``platform``: in words, with ``on`` the predicate over
-    ``numcheck.environment.cpu_isa()`` (None: any CPU). ``expect(ok, what)`` asserts the pinned
+    ``numcheck.measure.environment.cpu_isa()`` (None: any CPU). ``expect(ok, what)`` asserts the pinned
     behaviour where it was measured (versions and platform). On another platform it claims nothing
     (the test asserts the platform-independent part itself). On other versions a difference is
     reported as a ``FindingChanged`` warning (fixed or changed upstream), not a red build; the

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import pytest
 
-from numcheck import _process  # first: it sets OMP_WAIT_POLICY before torch loads OpenMP
+from numcheck.frontends import process as _process  # first: it sets OMP_WAIT_POLICY before torch loads OpenMP
 
 import torch  # noqa: E402, I001
 

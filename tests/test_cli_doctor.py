@@ -1,4 +1,4 @@
-"""`numcheck doctor` and numcheck.environment: what the machine description must contain."""
+"""`numcheck doctor` and numcheck.measure.environment: what the machine description must contain."""
 from __future__ import annotations
 
 import contextlib
@@ -12,8 +12,9 @@ import sys
 import pytest
 import torch
 
-from numcheck import UsageError, environment as env
-from numcheck.cli import _command, _hex, main
+from numcheck import UsageError
+from numcheck.measure import environment as env
+from numcheck.frontends.cli import _command, _hex, main
 from numcheck.formats import FORMATS
 
 
@@ -121,7 +122,7 @@ def test_usage_errors_exit_2(capsys):
 
 
 def test_usage_error_in_a_command_is_reported_and_exits_2(capsys, monkeypatch):
-    from numcheck import cli
+    from numcheck.frontends import cli
 
     monkeypatch.setattr(cli, "_COMMANDS", dict(cli._COMMANDS))
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 
-from numcheck.cli import main
+from numcheck.frontends.cli import main
 
 
 def test_text_and_json(capsys):

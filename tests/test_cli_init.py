@@ -1,4 +1,4 @@
-"""`numcheck init` (numcheck.scaffold): a user's repository set up, then pytest runs in it."""
+"""`numcheck init` (numcheck.frontends.scaffold): a user's repository set up, then pytest runs in it."""
 from __future__ import annotations
 
 import difflib
@@ -12,9 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from numcheck.cli import main
-from numcheck import scaffold
-from numcheck.scaffold import EXAMPLE_TEST, KEYS, WORKFLOW, init_project, spec_for
+from numcheck.frontends.cli import main
+from numcheck.frontends import scaffold
+from numcheck.frontends.scaffold import EXAMPLE_TEST, KEYS, WORKFLOW, init_project, spec_for
 from numcheck.version import __version__
 
 try:

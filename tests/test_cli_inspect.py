@@ -7,7 +7,7 @@ from __future__ import annotations
 import pandas as pd
 import pytest
 
-from numcheck import cli
+from numcheck.frontends import cli
 
 OVERFLOW = '''
 import torch

@@ -9,9 +9,10 @@ from pathlib import Path
 
 import pytest
 
-from numcheck import cli, shards
+from numcheck.frontends import cli
+from numcheck.goldens import shards
 from numcheck.errors import UsageError
-from numcheck.golden import read_results, write_results
+from numcheck.goldens.store import read_results, write_results
 from numcheck.records import Status
 from tests._support import golden_record
 

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pyarrow.parquet as pq
 
-from numcheck.cli import main
+from numcheck.frontends.cli import main
 
 REPO = Path(__file__).resolve().parent.parent
 ONE_CASE = ["--suite", "quant", "-k", "roundtrip and fp8_e4m3_tensor-normal", "-n", "0"]

@@ -9,7 +9,7 @@ import textwrap
 
 import pytest
 
-from numcheck.cli import main
+from numcheck.frontends.cli import main
 
 pytestmark = pytest.mark.filterwarnings("ignore:Mismatch dtype")
 

@@ -1,4 +1,4 @@
-"""The condition-aware bound (numcheck.conditioning) and the truncation gate, both sides.
+"""The condition-aware bound (numcheck.verdicts.conditioning) and the truncation gate, both sides.
 
 Benign: standard stable formulations other than the baseline's (log-sum-exp softmax as flash
 kernels recompute it, exp/log normalization, division instead of rsqrt, x / (1 + e^-x)) pass,
@@ -14,11 +14,12 @@ import warnings
 import pytest
 import torch
 
-from numcheck import conditioning, policy
+from numcheck.verdicts import conditioning
+from numcheck.verdicts import policy
 from numcheck.catalog import get_op, kernels
 from numcheck.registry import Kernel
 from numcheck.run import verify
-from numcheck.stats import error_stats
+from numcheck.measure.stats import error_stats
 
 
 # --- stable formulations other than the baseline's ------------------------------------------

@@ -1,4 +1,4 @@
-"""numcheck.environment.known_failure: error messages of documented environment failures
+"""numcheck.measure.environment.known_failure: error messages of documented environment failures
 (docs/findings.md) map to their finding ids; everything else to None."""
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import torch
 import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
-from numcheck import environment as env
+from numcheck.measure import environment as env
 
 
 @pytest.mark.parametrize("message,finding", [
@@ -38,7 +38,7 @@ def test_known_failure_is_none_for_other_errors(message):
 
 
 def test_table_entries_are_well_formed():
-    from numcheck.findings import FINDINGS
+    from numcheck.verdicts.findings import FINDINGS
 
     ids = [fid for _, fid in env.ENVIRONMENT_FAILURES]
     assert len(ids) == len(set(ids))

@@ -1,12 +1,14 @@
-"""Known weaknesses by id (numcheck.findings): every id a built-in kernel or the environment
+"""Known weaknesses by id (numcheck.verdicts.findings): every id a built-in kernel or the environment
 table can give is explained by `numcheck explain`, from the package; reasons and the run's
 summary cite the id, not a file of the repository."""
 from __future__ import annotations
 
 
-from numcheck import cli, environment, verdict
+from numcheck.frontends import cli
+from numcheck.measure import environment
+from numcheck.verdicts import judge as verdict
 from numcheck.catalog import kernels, ops
-from numcheck.findings import FINDINGS, cite
+from numcheck.verdicts.findings import FINDINGS, cite
 from numcheck.records import Status
 
 pytest_plugins = ["pytester"]

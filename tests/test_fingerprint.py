@@ -3,7 +3,7 @@
 Each kernel below is a matmul written from its definition: products of bf16 inputs (exact in
 fp32), summed over K in a stated order with a stated rounding. The fingerprint must name what
 the kernel was built to do. The trees and roundings are written here, independently of
-numcheck.forensics' own hypotheses.
+numcheck.forensics.kernel_fingerprint' own hypotheses.
 """
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ import torch.nn.functional as F
 
 import numcheck as nc
 from numcheck.errors import UsageError
-from numcheck.forensics import Fingerprint, fingerprint
+from numcheck.forensics.kernel_fingerprint import Fingerprint, fingerprint
 
 
 def _rne(x, y):
@@ -204,7 +204,7 @@ def test_failing_kernel_is_named():
 def test_order_simulation_rounds_like_fp32_hardware(mode):
     """The hypotheses' simulated accumulator (p = 23) against fp32 additions rounded by torch
     (RNE) and nextafter (directed), powers of two approached from both sides included."""
-    from numcheck.forensics import _round_bits
+    from numcheck.forensics.kernel_fingerprint import _round_bits
     g = torch.Generator().manual_seed(0)
     n = 50_000
     a = torch.randn(n, generator=g) * torch.exp2(torch.randint(-30, 30, (n,), generator=g).float())

@@ -1,4 +1,4 @@
-"""The fingerprint family's records, golden rule and report table (numcheck.forensics_rules):
+"""The fingerprint family's records, golden rule and report table (numcheck.forensics.fingerprint_rules):
 a changed property regresses on the golden's platform and drifts on another; a refresh on
 another platform replaces the row; goldens and ``numcheck compare`` read them without torch's
 fingerprint code."""
@@ -6,10 +6,12 @@ from __future__ import annotations
 
 import pyarrow as pa
 
-from numcheck import golden, regression, verdict
-from numcheck.forensics import Fingerprint, as_record
+from numcheck.goldens import store as golden
+from numcheck.goldens import regression
+from numcheck.verdicts import judge as verdict
+from numcheck.forensics.kernel_fingerprint import Fingerprint, as_record
 from numcheck.records import Golden, failing, family_of_row
-from numcheck.session import GoldenSession, _merges
+from numcheck.goldens.session import GoldenSession, _merges
 
 A = "AMD EPYC, AVX512, torch 2.13.0+cpu"
 B = "AMD EPYC, AVX2, torch 2.13.0+cpu"

@@ -12,9 +12,10 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from numcheck import golden, regression
-from numcheck.cli import main
-from numcheck.regression import Change, compare_kinds, compare_row, compare_tables
+from numcheck.goldens import store as golden
+from numcheck.goldens import regression
+from numcheck.frontends.cli import main
+from numcheck.goldens.regression import Change, compare_kinds, compare_row, compare_tables
 
 A, B = "AMD EPYC, AVX512, torch 2.13.0+cpu", "AMD EPYC, AVX2, torch 2.13.0+cpu"
 INF, NAN = math.inf, math.nan

@@ -11,9 +11,10 @@ import math
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from numcheck import golden, regression
+from numcheck.goldens import store as golden
+from numcheck.goldens import regression
 from numcheck.records import Golden, failing
-from numcheck.session import GoldenSession
+from numcheck.goldens.session import GoldenSession
 
 from _support import golden_record
 

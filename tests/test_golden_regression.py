@@ -1,12 +1,12 @@
-"""Golden regression rules (numcheck.regression) on rows, one rule at a time."""
+"""Golden regression rules (numcheck.goldens.regression) on rows, one rule at a time."""
 from __future__ import annotations
 
 import math
 
 import pytest
 
-from numcheck import golden
-from numcheck.regression import S_E_FP32, S_E_LOW, Z, compare_row, error_slack
+from numcheck.goldens import store as golden
+from numcheck.goldens.regression import S_E_FP32, S_E_LOW, Z, compare_row, error_slack
 
 from _support import golden_record as _record
 

@@ -3,8 +3,8 @@ from __future__ import annotations
 
 import pytest
 
-from numcheck import golden
-from numcheck.session import GoldenSession
+from numcheck.goldens import store as golden
+from numcheck.goldens.session import GoldenSession
 
 from _support import golden_record as _record
 

@@ -7,10 +7,10 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from numcheck import golden
+from numcheck.goldens import store as golden
 from numcheck.records import from_json, to_json
-from numcheck.cli import main
-from numcheck.golden import GoldenError
+from numcheck.frontends.cli import main
+from numcheck.goldens.store import GoldenError
 
 from _support import golden_record as _record
 

@@ -16,8 +16,8 @@ from pathlib import Path
 import pytest
 
 import numcheck
-from numcheck import golden
-from numcheck.errorstats import ErrorStats
+from numcheck.goldens import store as golden
+from numcheck.measure.errorstats import ErrorStats
 from numcheck.records import Record, Status
 
 PKG = Path(numcheck.__file__).parent
@@ -167,7 +167,7 @@ def test_no_private_names_from_other_modules():
 # The commands that read parquet, in a fresh interpreter: the modules they loaded.
 _READERS = """
 import sys
-from numcheck.cli import main
+from numcheck.frontends.cli import main
 old, new, results, report = sys.argv[1:]
 codes = [main(["compare", old, new]), main(["compare", "--all", old, new]), main(["show", old]),
          main(["report", results]), main(["report", results, "--out", report])]
@@ -205,8 +205,10 @@ def test_import_numcheck_loads_its_public_names_on_first_use():
     """``import numcheck`` is cheap; the public contract's names are all there, each what its
     module defines."""
     import numcheck as nc
-    from numcheck import catalog, formats, policy, run, stats
+    from numcheck import catalog, formats, run
 
+    from numcheck.verdicts import policy
+    from numcheck.measure import stats
     for name in nc.__all__:
         assert getattr(nc, name) is not None and name in dir(nc)
     assert nc.round_to is formats.round_to and nc.verify is run.verify

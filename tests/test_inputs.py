@@ -1,4 +1,4 @@
-"""numcheck.inputs: distributions keep their promises, casts are exact, grids cover, ids are stable.
+"""numcheck.cases.inputs: distributions keep their promises, casts are exact, grids cover, ids are stable.
 
 Determinism is checked in-process and across two fresh interpreters with different
 PYTHONHASHSEED values (a sha256 of the tensors' bytes and of a pairwise grid over strings), since
@@ -21,9 +21,10 @@ from hypothesis import Phase, given, settings
 from hypothesis import strategies as st
 
 import numcheck as nc
-from numcheck import formats, inputs
+from numcheck import formats
+from numcheck.cases import inputs
 from numcheck.errors import NumcheckError, UsageError
-from numcheck.inputs import (ALIGNED_SIZES, DISTRIBUTIONS, LAYOUTS, RAGGED_SIZES, case_id, cast,
+from numcheck.cases.inputs import (ALIGNED_SIZES, DISTRIBUTIONS, LAYOUTS, RAGGED_SIZES, case_id, cast,
                              distributions, draw, full_product, pairwise, register_profiles,
                              seed_for, seeds, shapes, with_layout)
 
@@ -74,7 +75,7 @@ def test_streams_are_independent():
 
 _CHILD = r"""
 import hashlib, json, sys, torch
-from numcheck import inputs
+from numcheck.cases import inputs
 h = hashlib.sha256()
 for d in inputs.DISTRIBUTIONS:
     x = inputs.draw(d, (5, 33), seed=7, fmt="bf16", stream="q")

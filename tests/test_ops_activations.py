@@ -15,7 +15,7 @@ from numcheck.catalog import get_op, kernels
 from numcheck.registry import Kernel
 from numcheck.ops.activations import (SILU_OVERFLOW_X, gelu_reference, silu_reference,
                                       swiglu_reference)
-from numcheck.variants import (gelu_erfc_fp32, silu_sigmoid_fp32, silu_sigmoid_fp32_backward,
+from numcheck.ops.variants import (gelu_erfc_fp32, silu_sigmoid_fp32, silu_sigmoid_fp32_backward,
                                swiglu_fused_fp32)
 from _support import Finding, gen, quiet_verify
 

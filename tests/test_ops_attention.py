@@ -11,14 +11,14 @@ import torch
 import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
-from numcheck.cases import Case
+from numcheck.cases.grid import Case
 from numcheck.catalog import get_op, kernels
 from numcheck.ops import attention as att
 from numcheck.ops.attention import sdpa_baseline, sdpa_reference
 from numcheck.run import verify
-from numcheck.variants import sdpa_math_fp32 as math_backend_in_fp32
-from numcheck.variants import sdpa_online as online_softmax
-from numcheck.variants import sdpa_reversed_keys as reversed_key_order
+from numcheck.ops.variants import sdpa_math_fp32 as math_backend_in_fp32
+from numcheck.ops.variants import sdpa_online as online_softmax
+from numcheck.ops.variants import sdpa_reversed_keys as reversed_key_order
 
 from _support import Finding, amd, intel_amx
 
@@ -171,7 +171,7 @@ def test_flash_backward_finding_is_the_scale_folding():
                 if c.dtype == "fp32" and c.dist == "large_logits" and c.param("causal"))
     assert case.shape[-1] == 80
     tensors, kw = get_op("sdpa").make_inputs(case)
-    from numcheck import inputs
+    from numcheck.cases import inputs
     dev = {n: inputs.cast(x, d)[0] for n, (x, d) in tensors.items()}
     ex = {n: inputs.cast(x, d)[1] for n, (x, d) in tensors.items()}
     g = torch.randn(dev["q"].shape, generator=torch.Generator().manual_seed(0))

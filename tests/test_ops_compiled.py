@@ -13,9 +13,9 @@ import warnings
 import pytest
 import torch
 
-from numcheck.cases import Case
+from numcheck.cases.grid import Case
 from numcheck.catalog import get_op, kernels
-from numcheck import compiled as C
+from numcheck.kernels import compiled as C
 from numcheck.ops.activations import _eager_swiglu
 from numcheck.run import verify
 
@@ -126,7 +126,7 @@ def test_inductor_cache_dir_per_capability():
 
 _GUARD = """
 import json, torch
-from numcheck.compiled import isolate_inductor_cache
+from numcheck.kernels.compiled import isolate_inductor_cache
 from torch._inductor.runtime.cache_dir_utils import cache_dir
 path = isolate_inductor_cache()
 print(json.dumps({"cap": str(torch.backends.cpu.get_cpu_capability()), "path": path,
@@ -163,7 +163,7 @@ def test_guard_picks_a_cache_folder_per_capability(tmp_path):
 
 _COMPILE = """
 import hashlib, torch, torch.nn.functional as F
-from numcheck.compiled import Compiled
+from numcheck.kernels.compiled import Compiled
 def swiglu(a, b):
     return F.silu(a) * b
 g = torch.Generator().manual_seed(0)

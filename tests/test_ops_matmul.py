@@ -12,15 +12,16 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from numcheck import formats, inputs
+from numcheck import formats
+from numcheck.cases import inputs
 from numcheck.catalog import get_op, kernels
 from numcheck.ops import matmul as mm
 from numcheck.run import run_case, verify
-from numcheck.variants import linear_row_tiles as _linear_row_tiles
-from numcheck.variants import linear_unfused as _linear_unfused
-from numcheck.variants import matmul_blocked_fp32 as _blocked_fp32
-from numcheck.variants import matmul_fp32_accumulate as _fp32_accumulate
-from numcheck.variants import matmul_split_k_reversed as _split_k_reversed
+from numcheck.ops.variants import linear_row_tiles as _linear_row_tiles
+from numcheck.ops.variants import linear_unfused as _linear_unfused
+from numcheck.ops.variants import matmul_blocked_fp32 as _blocked_fp32
+from numcheck.ops.variants import matmul_fp32_accumulate as _fp32_accumulate
+from numcheck.ops.variants import matmul_split_k_reversed as _split_k_reversed
 
 COMPONENTWISE = "componentwise error"
 BASELINE = "x baseline"  # the baseline rule's message: "rel_l2 ... > 2 x baseline ..."
@@ -124,7 +125,7 @@ _GEMM_SHAPES = [((64, 64), (64, 64)), ((7, 1025), (1025, 33)), ((2, 33, 129), (1
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
 @pytest.mark.parametrize("sa,sb", _GEMM_SHAPES)
 def test_compiled_baseline_equals_the_torch_loop_bitwise(dtype, sa, sb):
-    """numcheck._gemm_cpu is the rank-1 loop's arithmetic: same bits (fp32 products round, so an
+    """numcheck.kernels.gemm_cpu is the rank-1 loop's arithmetic: same bits (fp32 products round, so an
     FMA contraction would show), on heavy-tailed values with inf, NaN, -0 and subnormals."""
     pytest.importorskip("numba")
     g = torch.Generator().manual_seed(11)

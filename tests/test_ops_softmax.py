@@ -9,12 +9,13 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from numcheck import formats, inputs
+from numcheck import formats
+from numcheck.cases import inputs
 from numcheck.catalog import get_op, kernels
 from numcheck.registry import Kernel
 from numcheck.ops.softmax import (DIMS, cross_entropy_baseline, cross_entropy_reference,
                                   log_softmax_reference, softmax_reference)
-from numcheck.variants import (cross_entropy_unfused, log_softmax_two_pass_fp32,
+from numcheck.ops.variants import (cross_entropy_unfused, log_softmax_two_pass_fp32,
                                softmax_blocked_sum, softmax_cascaded_sum, softmax_fp32_upcast,
                                softmax_online)
 from _support import Finding, gen, quiet_verify

@@ -15,10 +15,10 @@ from pathlib import Path
 
 import pytest
 
-from numcheck import golden
+from numcheck.goldens import store as golden
 from numcheck.records import Golden, Record, Status
-from numcheck.session import GoldenSession
-from numcheck.stats import error_stats
+from numcheck.goldens.session import GoldenSession
+from numcheck.measure.stats import error_stats
 
 REPO = Path(__file__).resolve().parent.parent
 

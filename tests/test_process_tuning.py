@@ -1,4 +1,4 @@
-"""numcheck._process's process tuning as pytest loads it: OMP_WAIT_POLICY=PASSIVE in xdist
+"""numcheck.frontends.process's process tuning as pytest loads it: OMP_WAIT_POLICY=PASSIVE in xdist
 workers (its docstring says why), never over the user's own setting, never in one process."""
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ def test_policy():
 
 def _policy(pytester: pytest.Pytester, *args: str) -> str:
     pytester.makepyfile(test_probe=PROBE)
-    res = pytester.runpytest_subprocess("-p", "numcheck._process", "-p", "no:cacheprovider",
+    res = pytester.runpytest_subprocess("-p", "numcheck.frontends.process", "-p", "no:cacheprovider",
                                         *args)
     res.assert_outcomes(passed=1)
     return (pytester.path / "policy.txt").read_text()

@@ -1,4 +1,4 @@
-"""Progress per family with an estimate of the time left (numcheck.progress), on a terminal
+"""Progress per family with an estimate of the time left (numcheck.frontends.progress), on a terminal
 only; and one GPU per xdist worker on a machine with several."""
 from __future__ import annotations
 
@@ -6,8 +6,8 @@ import re
 
 import pytest
 
-from numcheck import plugin
-from numcheck.progress import Progress, family_of
+from numcheck.frontends import plugin
+from numcheck.frontends.progress import Progress, family_of
 
 pytest_plugins = ["pytester"]
 
@@ -56,7 +56,7 @@ def _project(pytester):
     pytester.makepyfile(test_kernels=TESTS)
     # every finished test writes a line (subprocess runs: triton's extension cannot be
     # imported twice into one process, which in-process pytester runs would do)
-    pytester.makeconftest("import numcheck.plugin as p\np._PROGRESS_EVERY = 0.0\n")
+    pytester.makeconftest("import numcheck.frontends.plugin as p\np._PROGRESS_EVERY = 0.0\n")
 
 
 @pytest.mark.parametrize("env, shown", [("1", True), ("", False), ("0", False)])
@@ -85,7 +85,7 @@ def test_one_gpu_per_xdist_worker():
 
 
 def test_training_steps_reach_the_line(tmp_path, monkeypatch):
-    from numcheck import progress
+    from numcheck.frontends import progress
 
     monkeypatch.setenv("NUMCHECK_PROGRESS_DIR", str(tmp_path))
     monkeypatch.setattr(progress, "_last_write", [0.0])
@@ -103,10 +103,10 @@ def test_training_steps_reach_the_line(tmp_path, monkeypatch):
 
 def test_a_heartbeat_line_while_a_long_test_runs(pytester, monkeypatch):
     monkeypatch.setenv("NUMCHECK_PROGRESS", "1")
-    pytester.makeconftest("import numcheck.plugin as p\np._PROGRESS_EVERY = 1.0\n")
+    pytester.makeconftest("import numcheck.frontends.plugin as p\np._PROGRESS_EVERY = 1.0\n")
     pytester.makepyfile(test_long='''
 import time
-from numcheck.progress import training_step
+from numcheck.frontends.progress import training_step
 
 def test_trains():
     training_step(5, 10)

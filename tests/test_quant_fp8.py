@@ -9,10 +9,11 @@ import pytest
 import torch
 
 import numcheck as nc
-from numcheck import formats, inputs
+from numcheck import formats
+from numcheck.cases import inputs
 from numcheck.errors import UsageError
 from numcheck.quant import DelayedScaling, fp8_qdq, fp8_quantize
-from numcheck.ops import quant as OQ
+from numcheck.ops import qdq as OQ
 from numcheck.quant import fp8 as F
 
 FP32_MAX = float.fromhex("0x1.fffffep127")  # fp32 max: the scale clamp (DESIGN rule 10)

@@ -7,10 +7,10 @@ import pytest
 import torch
 
 import numcheck as nc
-from numcheck import inputs
+from numcheck.cases import inputs
 from numcheck.errors import UsageError
 from numcheck.quant import int4_qdq, int4_quantize, int8_qdq, int8_quantize
-from numcheck.ops import quant as OQ
+from numcheck.ops import qdq as OQ
 from numcheck.quant import intq as Q
 
 

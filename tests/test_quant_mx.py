@@ -403,9 +403,9 @@ def test_grid_blocks_under_tiny_amax_clamp_the_scale_and_the_torch_kernel_is_exa
     a block whose shared exponent floor(log2 amax) - emax_elem lies below E8M0's -127 (the
     clamp); the
     torch kernel (e4m3/e5m2) matches the exact quantizer bit for bit on all of them."""
-    from numcheck import inputs
+    from numcheck.cases import inputs
     from numcheck.catalog import get_op
-    from numcheck.ops.quant import torch_mx_qdq
+    from numcheck.ops.qdq import torch_mx_qdq
     spec = get_op("mx_qdq")
     cases = [c for c in spec.grid("quick") if c.dist.startswith("blocks_")]
     assert {c.dist for c in cases} == {"blocks_tiny", "blocks_huge"}

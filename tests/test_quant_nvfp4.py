@@ -271,7 +271,7 @@ def test_grid_blocks_under_tiny_amax_clamp_the_encode_scale():
     """The blocks_tiny rows: 2688 / amax overflows fp32 (S_enc clamps to the fp32 max, DESIGN
     rule 10) and amax / 2688 is an fp32 subnormal; every row, tiny or huge, 1-D or 16 x 16, has
     all-zero blocks beside live ones."""
-    from numcheck import inputs
+    from numcheck.cases import inputs
     spec, cases = _blocks_cases()
     assert {(c.dist, c.param("two_d")) for c in cases} == {
         (d, t) for d in ("blocks_tiny", "blocks_huge") for t in (False, True)}
@@ -294,7 +294,7 @@ def test_finding_tiny_amax_decode_scale_does_not_follow_the_clamped_encode_scale
     dB (the same tensor at amax ~1) to ~1-2 dB; decoding with 1 / S_enc instead keeps ~21 dB.
     The op's verdict cannot see it (its baseline is that quantizer, the torch kernel, TE's
     order, is as bad: ~0.8 dB). Pinned so that a change of rule 10 shows up here."""
-    from numcheck import inputs
+    from numcheck.cases import inputs
     spec, cases = _blocks_cases()
     case = next(c for c in cases if c.dist == "blocks_tiny" and not c.param("two_d"))
     x = inputs.cast(*spec.make_inputs(case)[0]["x"])[1]

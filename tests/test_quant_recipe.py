@@ -13,9 +13,10 @@ import dataclasses
 import pytest
 import torch
 
-from numcheck import inputs, round_to
+from numcheck import round_to
+from numcheck.cases import inputs
 from numcheck.errors import UsageError
-from numcheck.ops import quant as OQ
+from numcheck.ops import qdq as OQ
 from numcheck.ops.matmul import matmul_reference
 from numcheck.quant import (RECIPES, QuantFormat, QuantRecipe, Quantizer, fp8_qdq, get_recipe,
                             int8_qdq, scaled_matmul, scaled_matmul_reference)

@@ -3,9 +3,10 @@ from __future__ import annotations
 
 import math
 
-from numcheck import inputs, verdict
-from numcheck.quant import rules as QR
-from numcheck.quant import suite as QS
+from numcheck.cases import inputs
+from numcheck.verdicts import judge as verdict
+from numcheck.quant import quant_rules as QR
+from numcheck.quant import paths as QS
 from numcheck.records import Status
 
 

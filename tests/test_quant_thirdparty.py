@@ -16,7 +16,7 @@ import torch
 
 import numcheck as nc
 import numcheck.quant as Q
-from numcheck import inputs
+from numcheck.cases import inputs
 from _support import Finding
 
 # Where each third-party finding was measured (docs/findings.md, "Which versions and platforms")

@@ -13,7 +13,8 @@ import warnings
 import pytest
 import torch
 
-from numcheck import inputs, round_to
+from numcheck import round_to
+from numcheck.cases import inputs
 from numcheck.quant import fp8_quantize
 
 with warnings.catch_warnings():

@@ -9,7 +9,7 @@ import pytest
 
 from numcheck.records import (GOLDEN_FIELDS, MODES, Golden, Record, Status, failing, from_json,
                               to_json)
-from numcheck.stats import ErrorStats
+from numcheck.measure.stats import ErrorStats
 
 # Every (status, golden verdict) in every mode, once: does the record fail the run?
 # Absolute verdicts bind in every mode; golden verdicts as the mode makes them binding.
@@ -66,7 +66,7 @@ def test_flat_row_round_trip():
 def test_golden_schema_derives_from_the_record():
     """Golden columns are the record's golden fields, stats expanded: the same columns as the
     shipped goldens (schema version 1)."""
-    from numcheck import golden
+    from numcheck.goldens import store as golden
 
     assert GOLDEN_FIELDS[:6] == golden.KEY
     assert "kernel_rel_l2" in golden.COLUMNS and "kernel_stats" not in golden.COLUMNS

@@ -9,7 +9,7 @@ import shutil
 
 import pytest
 
-from numcheck.report_html import html_report
+from numcheck.report.html import html_report
 
 from test_report_html import EVIL, PROV, REPRO, sample
 

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 import numcheck as nc
-from numcheck import stats
+from numcheck.measure import stats
 
 DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.cuda)]
 

@@ -22,7 +22,7 @@ import pytest
 import torch
 
 import numcheck as nc
-from numcheck import stats
+from numcheck.measure import stats
 
 DTYPES = [torch.bfloat16, torch.float16, torch.float32, torch.float8_e4m3fn]
 _NP = {torch.bfloat16: ml_dtypes.bfloat16, torch.float16: np.float16, torch.float32: np.float32,
@@ -66,7 +66,7 @@ def _block_index(shape, blocks) -> np.ndarray:
 
 
 def _oracle(out: torch.Tensor, ref: torch.Tensor, blocks) -> dict:
-    """The statistics, as numcheck.stats' module doc defines them, computed plainly."""
+    """The statistics, as numcheck.measure.stats' module doc defines them, computed plainly."""
     f = nc.formats.get(out.dtype)
     o, r = out.double().numpy().ravel(), ref.numpy().ravel()
     rr = _rne(r, f)
@@ -199,7 +199,7 @@ def small_chunks(monkeypatch):
 
 @pytest.fixture(params=["loop", "torch"])
 def cpu_route(request, monkeypatch) -> str:
-    """The CPU route: the compiled loop (numcheck._stats_cpu, numba) or the torch route (its
+    """The CPU route: the compiled loop (numcheck.measure._stats_numba, numba) or the torch route (its
     fallback where numba is missing)."""
     if request.param == "loop":
         pytest.importorskip("numba")
@@ -286,7 +286,7 @@ def test_p99_beyond_the_histogram_takes_the_radix_passes(small_chunks, cpu_route
 # must be set before triton is imported): numpy per program, ~1 s per 2000 elements, so small.
 _INTERPRETED = """
 import importlib.util, sys, torch, numcheck as nc
-from numcheck import stats
+from numcheck.measure import stats
 spec = importlib.util.spec_from_file_location("t", sys.argv[1])
 t = importlib.util.module_from_spec(spec); spec.loader.exec_module(t)
 cases = [(torch.bfloat16, (2, 20, 67), 32), (torch.float16, (3, 21, 29), (7, 5)),
@@ -320,7 +320,7 @@ def test_triton_kernel_compiles_for_sm90():
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
-    from numcheck import _stats_cuda
+    from numcheck.measure import _stats_triton as _stats_cuda
     ptr = {1: "*i8", 2: "*i16", 4: "*i32"}
     for dtype in DTYPES:
         sig = dict(zip(_stats_cuda._kernel.arg_names, [

@@ -1,7 +1,7 @@
 """numcheck.telemetry on CUDA (every test carries the cuda marker: skipped, with the reason,
 where no GPU is present; bench/gpu_run.sh runs them with the device check).
 
-A CUDA tensor takes the device pass (numcheck/telemetry/_stats_cuda.py: one Triton launch per
+A CUDA tensor takes the device pass (numcheck/telemetry/_fields_triton.py: one Triton launch per
 tensor, its rows read back once per step; the torch route of numcheck.telemetry.fields where
 Triton is missing), and the compiled Triton kernel gives the torch route's statistics; the CPU
 takes the compiled CPU pass. The same model trained on both gives the same rows, and the same
@@ -23,11 +23,11 @@ from torch import nn
 from numcheck import telemetry
 from numcheck.convergence.models import build
 from numcheck.convergence.train import STATE
-from numcheck.numerics import pinned
+from numcheck.measure.numerics import pinned
 from numcheck.telemetry import fields
 from tests._telemetry_models import Exp
 
-W = importlib.import_module("numcheck.telemetry.watch")
+W = importlib.import_module("numcheck.telemetry.watcher")
 
 pytestmark = pytest.mark.cuda
 
@@ -58,7 +58,7 @@ def test_device_pass_equals_the_torch_route_on_cuda(dtype):
     """The compiled kernel (one program, and several: a tensor past _stats_cuda._PER) against
     fields.tensor_stats on the same CUDA tensor: counts, amax and the smallest non-zero
     magnitude bitwise, sum_sq within two float64 summation orders' 2 n 2^-53."""
-    from numcheck.telemetry import _stats_cuda as K
+    from numcheck.telemetry import _fields_triton as K
     gen = torch.Generator().manual_seed(5)
     for n in (1, 1000, 3 * K._PER + 77):
         e = torch.empty(n, dtype=torch.float64).uniform_(-30, 30, generator=gen)

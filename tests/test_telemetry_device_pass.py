@@ -1,4 +1,4 @@
-"""numcheck/telemetry/_stats_cuda.py, the device pass of the telemetry's plain statistics (one
+"""numcheck/telemetry/_fields_triton.py, the device pass of the telemetry's plain statistics (one
 Triton launch per tensor on CUDA), checked without a GPU: its arithmetic under Triton's
 interpreter against fields.tensor_stats (the torch route) on every dtype with NaN, Inf, zeros,
 subnormals, odd sizes, several programs and non-contiguous views; its compile for sm_90; whole
@@ -34,8 +34,9 @@ import math, sys
 import torch
 sys.path.insert(0, sys.argv[1])
 import test_telemetry_fast as F
-from numcheck.telemetry import _stats_cuda as K, fields
+from numcheck.telemetry import fields
 
+from numcheck.telemetry import _fields_triton as K
 def merged(t):
     rows = K.plain_rows(t)
     assert rows.dtype == torch.float64 and rows.shape[1] == 8, rows.shape
@@ -90,8 +91,9 @@ sys.path.insert(0, sys.argv[1])
 import test_telemetry_quant_cpu as Q
 from numcheck.quant.mx import MXFormat
 from numcheck.quant.nvfp4 import NVFP4Format
-from numcheck.telemetry import _stats_cuda as K, fields
+from numcheck.telemetry import fields
 
+from numcheck.telemetry import _fields_triton as K
 fmts = {n: f for n, f in Q.FORMATS.items() if type(f) in (MXFormat, NVFP4Format)}
 fmts["mx_e4m3_k24"] = MXFormat("e4m3", 24)   # a block that is no power of two
 fmts["nvfp4_2d"] = NVFP4Format(two_d=True)
@@ -141,7 +143,7 @@ def test_device_pass_compiles_for_sm90():
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
-    from numcheck.telemetry import _stats_cuda as K
+    from numcheck.telemetry import _fields_triton as K
     ptr = {2: "*i16", 4: "*i32", 8: "*i64"}
     for dtype in K._BITS:
         sig = dict(zip(K._plain.arg_names, [ptr[dtype.itemsize], "*fp64", "i64", "i64"]))
@@ -180,8 +182,8 @@ from torch.utils._python_dispatch import TorchDispatchMode
 sys.path.insert(0, sys.argv[1])
 import test_telemetry_fast as F
 from numcheck import telemetry
-from numcheck.telemetry import _stats_cuda as K
-W = importlib.import_module("numcheck.telemetry.watch")
+from numcheck.telemetry import _fields_triton as K
+W = importlib.import_module("numcheck.telemetry.watcher")
 torch.set_num_threads(1)
 
 def run(bf16, **kw):
@@ -307,7 +309,7 @@ def test_a_failing_device_pass_warns_once_and_takes_the_torch_route(monkeypatch)
 
     from numcheck import telemetry
     from numcheck.telemetry import fields
-    W = importlib.import_module("numcheck.telemetry.watch")
+    W = importlib.import_module("numcheck.telemetry.watcher")
 
     class Broken:
         handles = staticmethod(lambda t: True)
@@ -341,7 +343,7 @@ def test_pending_observations_merge_every_row_of_every_part():
     import torch
 
     from numcheck.telemetry import fields
-    W = importlib.import_module("numcheck.telemetry.watch")
+    W = importlib.import_module("numcheck.telemetry.watcher")
     a, b = torch.empty(2, 8, dtype=torch.float64), torch.empty(1, 8, dtype=torch.float64)
     #                 calls n   nan inf zero amax min_nz sum_sq
     rows_a = np.array([[1, 100, 0, 0, 3, 2.0, 0.5, 10.0],
@@ -372,7 +374,7 @@ def test_cpu_tensors_never_reach_the_cuda_kernel(monkeypatch):
     import importlib
 
     import torch
-    W = importlib.import_module("numcheck.telemetry.watch")
+    W = importlib.import_module("numcheck.telemetry.watcher")
 
     class Loaded:   # the CUDA module, as watch holds it once a CUDA tensor loaded it
         handles = staticmethod(lambda t: True)

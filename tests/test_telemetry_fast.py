@@ -1,5 +1,5 @@
-"""numcheck.telemetry's CPU route (numcheck/telemetry/_stats_cpu.py, host accumulation in
-watch.py) against the torch route it replaces on CPU (fields.tensor_stats / sqnr_pair: the
+"""numcheck.telemetry's CPU route (numcheck/telemetry/_fields_numba.py, host accumulation in
+watcher.py) against the torch route it replaces on CPU (fields.tensor_stats / sqnr_pair: the
 reference, and the device route where Triton is missing): per-tensor fields on every dtype
 with NaN, Inf, zeros, subnormals, odd and empty sizes, non-contiguous views; whole watched
 runs giving the same records and the same first non-finite producer; the merge rules of host
@@ -20,9 +20,10 @@ from torch.overrides import TorchFunctionMode
 
 from numcheck import telemetry
 from numcheck.convergence.models import build
-from numcheck.telemetry import _stats_cpu, fields
+from numcheck.telemetry import fields
 
-W = importlib.import_module("numcheck.telemetry.watch")  # the module (the package exports watch())
+from numcheck.telemetry import _fields_numba as _stats_cpu
+W = importlib.import_module("numcheck.telemetry.watcher")  # the module (the package exports watch())
 
 DTYPES = (torch.float32, torch.float64, torch.bfloat16, torch.float16)
 SIZES = (1, 2, 3, 4, 5, 7, 8, 9, 31, 1000, 4097)
@@ -186,7 +187,7 @@ def _records(build_args, steps, setting, train=True):
 
 
 # quantization fields summed over elements or blocks: a CPU quantizer pass wired into
-# fields.quant_stats (numcheck/telemetry/_quant_cpu.py) may sum them in its own order too
+# fields.quant_stats (numcheck/telemetry/_quant_numba.py) may sum them in its own order too
 QUANT_SUMS = ("q_sig_sq", "q_err_sq", "blk_log2_sum", "blk_log2_sumsq", "blk_sqnr_min_db")
 # derived from those sums (ratios and logs of them)
 DERIVED_SUMS = ("sqnr_db", "shadow_sqnr_db", "e2e_sqnr_db", "worst_block_sqnr_db")

@@ -1,5 +1,5 @@
 """Telemetry goldens: a model's per-layer floors (numcheck.telemetry.floors) through the golden
-store and rules (numcheck.telemetry_rules).
+store and rules (numcheck.telemetry.telemetry_rules).
 
 The plugin's behaviour runs in pytest subprocesses (pytester's in-process runs import triton's
 extension twice here): a refresh records, a strict rerun passes; an MXFP8 recipe whose
@@ -17,13 +17,14 @@ import re
 import pytest
 import torch
 
-from numcheck import golden, telemetry
+from numcheck import telemetry
+from numcheck.goldens import store as golden
 from numcheck.records import Record, Status, family_of_row
-from numcheck.regression import compare_row
-from numcheck.session import GoldenSession
+from numcheck.goldens.regression import compare_row
+from numcheck.goldens.session import GoldenSession
 from numcheck.telemetry.floors import as_records, floors
-from numcheck.telemetry_rules import PCT_SLACK_ELEMENTS, SQNR_SLACK_DB, merge_metrics, unbakeable
-from numcheck.verdict import judge
+from numcheck.telemetry.telemetry_rules import PCT_SLACK_ELEMENTS, SQNR_SLACK_DB, merge_metrics, unbakeable
+from numcheck.verdicts.judge import judge
 
 pytest_plugins = ["pytester"]
 
@@ -35,7 +36,7 @@ import os
 import torch
 
 from numcheck import telemetry
-from numcheck.variants import planted_mx_recipe
+from numcheck.ops.variants import planted_mx_recipe
 
 
 def recipe():
@@ -242,7 +243,7 @@ def test_an_infinitely_bad_statistic_fails_and_is_never_written():
     """A quantizer that makes an Inf out of finite values (the planted ``nan`` fault's twin):
     its SQNR floors are -inf. Like a NaN, that fails and a refresh refuses it; a floor of +inf
     (no error at all) is fine."""
-    from numcheck.variants import FaultyMX, PlantedRecipe, _PlantedQuantizer
+    from numcheck.ops.variants import FaultyMX, PlantedRecipe, _PlantedQuantizer
     from numcheck.quant.recipe import get_recipe
 
     class InfMX(FaultyMX):
@@ -267,7 +268,7 @@ def test_an_infinitely_bad_statistic_fails_and_is_never_written():
 
 
 def test_underflow_slack_counts_in_the_finite_nonzero_elements():
-    from numcheck.telemetry_rules import BY_KEY, PCT_SLACK, slack
+    from numcheck.telemetry.telemetry_rules import BY_KEY, PCT_SLACK, slack
     under, sat = BY_KEY["underflow_pct_ceiling"], BY_KEY["saturation_pct_ceiling"]
     sparse = {"n": 100_000.0, "nz": 100.0}   # 99.9% zeros: one element is 1% of the rest
     assert slack(under, sparse) == pytest.approx(8.0)   # 8 elements of 100

@@ -1,4 +1,4 @@
-"""numcheck.telemetry._quant_cpu.quant_fields (one numba pass) against fields.quant_stats (the
+"""numcheck.telemetry._quant_numba.quant_fields (one numba pass) against fields.quant_stats (the
 float64 reference quantizers plus torch reductions): every recipe quantizer's format, every
 input dtype, shapes that are not whole blocks, adversarial values."""
 from __future__ import annotations
@@ -14,7 +14,7 @@ from numcheck.quant.intq import IntFormat
 from numcheck.quant.mx import MXFormat
 from numcheck.quant.nvfp4 import NVFP4Format
 from numcheck.quant.recipe import RECIPES, ROLES
-from numcheck.telemetry import _quant_cpu as qc
+from numcheck.telemetry import _quant_numba as qc
 from numcheck.telemetry import fields
 
 pytest.importorskip("numba")

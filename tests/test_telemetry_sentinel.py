@@ -394,7 +394,7 @@ def test_a_root_the_sentinel_cannot_read_keeps_the_full_check_with_a_warning():
 
 def test_several_ranks_keep_the_full_check(monkeypatch):
     # a replay on one rank would wait on collectives the other ranks never join
-    watch_mod = importlib.import_module("numcheck.telemetry.watch")
+    watch_mod = importlib.import_module("numcheck.telemetry.watcher")
     monkeypatch.setattr(watch_mod, "_several_ranks", lambda: True)
     model = _fwd_overflow()
     with telemetry.watch(model, every=3) as t:

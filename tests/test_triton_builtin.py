@@ -1,6 +1,6 @@
 """numcheck's built-in Triton kernels (numcheck/triton_kernels.py: RMSNorm forward and backward,
 online softmax, FP8 row-wise quantize, MXFP8 quantize) on the CPU: run in Triton's interpreter for their own
-decorators only (numcheck._triton_interp.kernels_module), they pass their ops' cases, and nothing leaks: no TRITON_INTERPRET in the environment, the knob off, a
+decorators only (numcheck.kernels.triton_interp.kernels_module), they pass their ops' cases, and nothing leaks: no TRITON_INTERPRET in the environment, the knob off, a
 kernel decorated afterwards is a compiled JITFunction. In a subprocess, so that this process's
 triton state stays as it was."""
 from __future__ import annotations
@@ -33,7 +33,7 @@ mx = nc.verify("mx_qdq", kernels("mx_qdq")["triton"], device="cpu",
                case_ids=[c.id for c in nc.catalog.get_op("mx_qdq").grid("quick")
                          if c.param("elem") in ("e4m3", "e5m2")][:4])
 import triton, triton.language as tl
-from numcheck import _triton_interp
+from numcheck.kernels import triton_interp as _triton_interp
 
 @triton.jit
 def later(X):

@@ -97,11 +97,11 @@ _TORCH = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16,
 
 @pytest.mark.parametrize("src,dst", _PAIRS, ids=lambda p: str(p))
 def test_numcheck_conversions_for_the_interpreter_match_torch(src, dst):
-    """numcheck._triton_interp.exact_convert (what nc.verify puts in place of the interpreter's
+    """numcheck.kernels.triton_interp.exact_convert (what nc.verify puts in place of the interpreter's
     routine) against torch's casts as the oracle: every bit pattern of 8/16-bit sources, 2^16
     fp32 values spread over all exponents plus inf/NaN/-0/subnormals; NaN by class."""
     pytest.importorskip("triton")
-    from numcheck._triton_interp import exact_convert
+    from numcheck.kernels.triton_interp import exact_convert
     width = torch.finfo(_TORCH[src]).bits
     if width <= 16:
         raw = torch.arange(2 ** width, dtype=torch.int32).to(torch.int16 if width == 16

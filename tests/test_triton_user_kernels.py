@@ -1,7 +1,7 @@
 """A user's Triton kernel through ``nc.verify`` on the CPU, in Triton's interpreter: the
 documented launcher recipe (docs/triton.md) with an RMSNorm that loads bf16, computes in fp32
 and stores bf16 in the kernel. With numcheck's exact interpreter conversions
-(numcheck._triton_interp, installed by ``nc.verify`` when TRITON_INTERPRET is set) the correct
+(numcheck.kernels.triton_interp, installed by ``nc.verify`` when TRITON_INTERPRET is set) the correct
 kernel passes, including bf16 subnormal inputs and the in-kernel fp32 -> bf16 store that the
 bare interpreter truncates; a missing tail mask and an ignored column stride are caught, and
 an FP8 row quantizer whose scale is computed per tile instead of per row. Runs
@@ -100,7 +100,7 @@ for name, per_tile in [("fp8_per_row", False), ("fp8_per_tile", True)]:
     v = nc.verify("fp8_qdq", fn, device="cpu", case_ids=FP8_CASES)
     out[name] = {"passed": v.passed, "failed": sorted(r.case_id for r in v.failures)}
 import os
-from numcheck import _triton_interp
+from numcheck.kernels import triton_interp as _triton_interp
 _triton_interp.uninstall()  # the bare interpreter, for comparison: verify must not reinstall
 os.environ.pop("TRITON_INTERPRET")  # (the kernel stays interpreted: decorated with it set)
 bare = nc.kernel("rms_norm", name="bare", forward_only=True)(launcher())

@@ -8,8 +8,8 @@ import torch
 import torch.nn.functional as F
 
 import numcheck as nc
-from numcheck import inputs
-from numcheck.cases import make_grid
+from numcheck.cases import inputs
+from numcheck.cases.grid import make_grid
 from numcheck.catalog import CATALOG, kernels
 from numcheck.ops.norms import rms_norm_reference
 
@@ -118,7 +118,7 @@ def test_unknown_constraint_is_a_usage_error():
 
 def test_numerics_state_is_pinned_and_restored(registry_snapshot):
     """A caller's bf16-for-fp32 matmul setting must not leak into the case, and comes back."""
-    from numcheck import numerics
+    from numcheck.measure import numerics
     seen = {}
 
     @nc.kernel("rms_norm", name="spy", dtypes=("fp32",))

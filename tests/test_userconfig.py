@@ -1,4 +1,4 @@
-"""numcheck.userconfig: the pytest configuration file pytest reads, and its numcheck_* keys.
+"""numcheck.frontends.userconfig: the pytest configuration file pytest reads, and its numcheck_* keys.
 
 Where cheap, every lookup is checked against pytest's own (``locate_config``, a private function:
 the alternative is a pytest subprocess per case). tmp_path lies outside any project, so nothing
@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from numcheck.errors import UsageError
-from numcheck.userconfig import find_config, load_config, numcheck_keys
+from numcheck.frontends.userconfig import find_config, load_config, numcheck_keys
 
 
 def pytests_choice(start: Path) -> Path | None:

@@ -6,11 +6,11 @@ tiny_dit), ``linear`` (quantized linear via ``QuantRecipe.qdq``, ``apply_recipe`
 ``run`` (``converge`` / ``ConvergenceRun``), ``records`` (a run's ``Record``s), ``rules`` (the
 family's verdict, golden rule, table and report section), ``plot``.
 """
-from .gate import window_regression
-from .linear import QuantLinear, apply_recipe
-from .models import MODELS
-from .records import to_records
-from .run import RUN_SETTINGS, ConvergenceRun, converge
+from numcheck.convergence.gate import window_regression
+from numcheck.convergence.linear import QuantLinear, apply_recipe
+from numcheck.convergence.models import MODELS
+from numcheck.convergence.run_records import to_records
+from numcheck.convergence.converge import RUN_SETTINGS, ConvergenceRun, converge
 
 __all__ = ["RUN_SETTINGS", "MODELS", "ConvergenceRun", "QuantLinear", "apply_recipe", "converge",
            "to_records", "window_regression"]

@@ -11,8 +11,8 @@ import json
 
 import numpy as np
 
-from . import gate
-from .run import converge
+from numcheck.convergence import gate
+from numcheck.convergence.converge import converge
 
 
 def measure(model: str, steps: int, seeds, recipes=None) -> dict:

@@ -1,7 +1,7 @@
 """Synthetic training data, generated on the CPU from a seed: identical on every device.
 
 Every batch is a pure function of (task, seed, step): a ``torch.Generator`` on the CPU seeded
-with ``numcheck.inputs.seed_for(...)`` (sha256, the same in every process). Recipes of one seed
+with ``numcheck.cases.inputs.seed_for(...)`` (sha256, the same in every process). Recipes of one seed
 therefore see the same batches in the same order as the reference (paired runs), and nothing is
 downloaded. Batches are made in float32 on the CPU and moved to the run's device afterwards.
 
@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import torch
 
-from ..inputs import seed_for
+from numcheck.cases.inputs import seed_for
 
 __all__ = ["Teacher", "Grammar", "Latents"]
 

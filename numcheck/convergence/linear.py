@@ -32,7 +32,7 @@ from collections.abc import Callable
 import torch
 from torch import nn
 
-from ..errors import UsageError
+from numcheck.errors import UsageError
 
 __all__ = ["QuantLinear", "QuantState", "apply_recipe", "is_quant_recipe"]
 
@@ -54,7 +54,7 @@ class QuantState:
     """Per-run state shared by every QuantLinear of a model: SR generator, RHT signs, counters."""
 
     def __init__(self, seed: int, device) -> None:
-        from ..inputs import seed_for
+        from numcheck.cases.inputs import seed_for
         self.generator = torch.Generator(device=device).manual_seed(seed_for("convergence-sr",
                                                                              seed))
         self._sign_seed = seed_for("convergence-rht", seed)
@@ -84,7 +84,7 @@ class QuantState:
 
     def signs(self, h: int, device) -> torch.Tensor:
         if h not in self._signs:
-            from ..quant.transforms import rht_signs
+            from numcheck.quant.transforms import rht_signs
             self._signs[h] = rht_signs(h, seed=self._sign_seed + h)
         return self._signs[h]
 
@@ -92,7 +92,7 @@ class QuantState:
 def _rht_rows(t: torch.Tensor, h: int, signs: torch.Tensor) -> torch.Tensor:
     """Q^T t along dim 0 (M) in blocks of h rows (numcheck.quant.transforms.hadamard); M must be
     a multiple of h. Both wgrad operands get the same signs, so the product is unchanged."""
-    from ..quant.transforms import hadamard
+    from numcheck.quant.transforms import hadamard
     return hadamard(t, h, dim=0, signs=signs).to(t.dtype)
 
 

@@ -24,9 +24,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..errors import UsageError
-from ..inputs import seed_for
-from .data import Grammar, Latents, Teacher
+from numcheck.errors import UsageError
+from numcheck.cases.inputs import seed_for
+from numcheck.convergence.data import Grammar, Latents, Teacher
 
 __all__ = ["MODELS", "build"]
 

@@ -18,8 +18,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from ..errors import UsageError
-from .linear import is_quant_recipe
+from numcheck.errors import UsageError
+from numcheck.convergence.linear import is_quant_recipe
 
 __all__ = ["DEFAULT_RECIPES", "TORCHAO_RECIPES", "Spec", "resolve"]
 
@@ -53,7 +53,7 @@ def _family(recipe=None) -> str:
 
 def _quant_registry():
     try:
-        from ..quant.recipe import RECIPES
+        from numcheck.quant.recipe import RECIPES
     except ImportError as e:
         return None, f"numcheck.quant.recipe does not import: {e}"
     return RECIPES, None

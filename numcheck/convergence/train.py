@@ -15,11 +15,11 @@ from dataclasses import replace
 import numpy as np
 import torch
 
-from ..numerics import PINNED, pinned
-from ..progress import training_step
-from .linear import QuantState, apply_recipe
-from .models import build
-from .recipes import Spec
+from numcheck.measure.numerics import PINNED, pinned
+from numcheck.frontends.progress import training_step
+from numcheck.convergence.linear import QuantState, apply_recipe
+from numcheck.convergence.models import build
+from numcheck.convergence.recipes import Spec
 
 __all__ = ["train"]
 
@@ -66,7 +66,7 @@ def train(model_name: str, spec: Spec, seed: int, steps: int, device: str = "cpu
     dev_type = torch.device(device).type
     with pinned(STATE):
         for step in range(steps):
-            training_step(step, steps)  # the terminal's progress line (numcheck.progress)
+            training_step(step, steps)  # the terminal's progress line (numcheck.frontends.progress)
             batch = {k: v.to(device) for k, v in task.batch_at(seed, step).items()}
             for g in opt.param_groups:
                 g["lr"] = _lr_at(step, steps, lr)

@@ -50,11 +50,12 @@ import math
 import torch
 import torch.nn.functional as F
 
-from .. import formats, inputs
-from ..cases import Case, make_grid
-from ..compiled import compiled_kernel
-from ..policy import Policy
-from ..registry import Kernel, OpSpec
+from numcheck import formats
+from numcheck.cases import inputs
+from numcheck.cases.grid import Case, make_grid
+from numcheck.kernels.compiled import compiled_kernel
+from numcheck.verdicts.policy import Policy
+from numcheck.registry import Kernel, OpSpec
 
 _SQRT1_2 = 1.0 / math.sqrt(2.0)
 _TANH_K = math.sqrt(2.0 / math.pi)  # the tanh approximation's constants (Hendrycks & Gimpel)

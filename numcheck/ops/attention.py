@@ -74,11 +74,12 @@ import torch
 import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
-from .. import formats, inputs
-from ..cases import Case, Row, make_grid
-from ..compiled import compiled_kernel
-from ..policy import Policy
-from ..registry import Kernel, OpSpec
+from numcheck import formats
+from numcheck.cases import inputs
+from numcheck.cases.grid import Case, Row, make_grid
+from numcheck.kernels.compiled import compiled_kernel
+from numcheck.verdicts.policy import Policy
+from numcheck.registry import Kernel, OpSpec
 
 # Largest |logit| of a large_logits case: above ln(fp32 max) = 88.7, so exp without max
 # subtraction overflows in bf16/fp32 as well as fp16; attention logit growth in large models

@@ -73,10 +73,11 @@ import math
 import torch
 import torch.nn.functional as F
 
-from .. import formats, inputs
-from ..cases import Case, make_grid
-from ..policy import Policy
-from ..registry import Kernel, OpSpec
+from numcheck import formats
+from numcheck.cases import inputs
+from numcheck.cases.grid import Case, make_grid
+from numcheck.verdicts.policy import Policy
+from numcheck.registry import Kernel, OpSpec
 
 # Products alive at once in the explicit formulas (reference, baseline, scale): 2^22 float64 =
 # 32 MiB per chunk, small next to the CPU's caches' worth of work it amortizes.
@@ -180,7 +181,7 @@ def naive_gemm32(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     A recursive sum over K (Higham's gamma_K is its bound), product and sum rounded separately,
     vectorized over the output. bf16/fp16 products are exact in fp32. Measured on N(0,1),
     K = 4096: rel_l2 19 u_fp32, where torch's blocked CPU sgemm gives 4.4 u and its M = 1 path
-    20 u (the same recursion). CPU tensors run it compiled (numcheck._gemm_cpu: the same bits,
+    20 u (the same recursion). CPU tensors run it compiled (numcheck.kernels.gemm_cpu: the same bits,
     no K passes over the output); elsewhere K rank-1 updates of torch ops. Gradients: the same
     loop on the upstream gradient (grad_a = naive_gemm32(g, b^T), grad_b = naive_gemm32(a^T, g)),
     i.e. the backward GEMMs' own naive baseline, summed in order on every ISA.
@@ -209,14 +210,14 @@ _GEMM_CPU: dict = {}
 
 
 def _compiled_gemm(a: torch.Tensor, b: torch.Tensor):
-    """numcheck._gemm_cpu for plain CPU tensors where numba imports (else None: the torch loop;
+    """numcheck.kernels.gemm_cpu for plain CPU tensors where numba imports (else None: the torch loop;
     tensor subclasses keep it too, numpy may not reach their memory)."""
     if not (type(a) is torch.Tensor and type(b) is torch.Tensor
             and a.device.type == "cpu" and b.device.type == "cpu"):
         return None
     if "module" not in _GEMM_CPU:
         try:
-            from .. import _gemm_cpu
+            from numcheck.kernels import gemm_cpu as _gemm_cpu
         except ImportError:
             _gemm_cpu = None
         _GEMM_CPU["module"] = _gemm_cpu
@@ -292,7 +293,7 @@ def _tf32_matmul():
     """CUDA fp32 matmuls in TF32 inside the block; the caller's setting restored after.
 
     torch >= 2.9 has the per-backend knob ``fp32_precision`` and refuses to read the legacy
-    ``allow_tf32`` once both APIs were used (numcheck.numerics pins the new one), so the new
+    ``allow_tf32`` once both APIs were used (numcheck.measure.numerics pins the new one), so the new
     knob is used wherever it exists.
     """
     m = torch.backends.cuda.matmul

@@ -15,11 +15,13 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from .. import _triton_interp, formats, inputs
-from ..cases import Case, make_grid
-from ..compiled import compiled_kernel
-from ..policy import Policy
-from ..registry import Kernel, OpSpec
+from numcheck import formats
+from numcheck.kernels import triton_interp as _triton_interp
+from numcheck.cases import inputs
+from numcheck.cases.grid import Case, make_grid
+from numcheck.kernels.compiled import compiled_kernel
+from numcheck.verdicts.policy import Policy
+from numcheck.registry import Kernel, OpSpec
 
 EPS = 1e-6  # a typical training eps; small enough that dropping it only shows on zero rows
 
@@ -258,7 +260,7 @@ def _triton_rms_norm_backward(grad_out, x, weight, eps):
 KERNELS = (
     Kernel("rms_norm", "torch", _eager_rms_norm,
         known_failure=_cuda_rms_subnormal_grad),
-    # numcheck.triton_kernels: interpreted on the CPU (docs/triton.md), compiled on CUDA
+    # numcheck.kernels.triton_builtin: interpreted on the CPU (docs/triton.md), compiled on CUDA
     Kernel("rms_norm", "triton", _triton_rms_norm, backward=_triton_rms_norm_backward,
            supports=_triton_interp.supports),
     Kernel("layer_norm", "torch", _eager_layer_norm, supports=_cuda_ln_mixed_dtypes,

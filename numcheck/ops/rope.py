@@ -18,10 +18,11 @@ from __future__ import annotations
 
 import torch
 
-from .. import formats, inputs
-from ..cases import Case, make_grid
-from ..policy import Policy
-from ..registry import Kernel, OpSpec
+from numcheck import formats
+from numcheck.cases import inputs
+from numcheck.cases.grid import Case, make_grid
+from numcheck.verdicts.policy import Policy
+from numcheck.registry import Kernel, OpSpec
 
 ROPE_BASE = 10000.0  # RoFormer / Llama's base
 

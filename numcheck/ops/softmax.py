@@ -57,10 +57,12 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from .. import _triton_interp, formats, inputs
-from ..cases import Case, make_grid
-from ..policy import Policy
-from ..registry import Kernel, OpSpec
+from numcheck import formats
+from numcheck.kernels import triton_interp as _triton_interp
+from numcheck.cases import inputs
+from numcheck.cases.grid import Case, make_grid
+from numcheck.verdicts.policy import Policy
+from numcheck.registry import Kernel, OpSpec
 
 DIMS = {"last": -1, "second_last": -2}
 
@@ -214,7 +216,7 @@ def _log_softmax_scale(x, dim=-1):
     return az + lse.abs() + 1.0 + h
 
 
-# Condition-aware bound (numcheck.conditioning), the intermediates a stable kernel may round
+# Condition-aware bound (numcheck.verdicts.conditioning), the intermediates a stable kernel may round
 # beyond its inputs: a softmax that keeps the row's log-sum-exp (flash kernels recompute P as
 # exp(x - LSE)) rounds LSE and x - LSE, each by u of |x| + |LSE|, and p moves by p times that.
 # Input perturbations cannot stand in: softmax is shift-invariant, so no perturbation of x
@@ -422,7 +424,7 @@ def _triton_softmax(x, dim=-1):
 
 KERNELS = (
     Kernel("softmax", "torch", _eager_softmax),
-    # numcheck.triton_kernels: online softmax, interpreted on the CPU (docs/triton.md)
+    # numcheck.kernels.triton_builtin: online softmax, interpreted on the CPU (docs/triton.md)
     Kernel("softmax", "triton", _triton_softmax, forward_only=True,
            supports=_triton_interp.supports),
     Kernel("log_softmax", "torch", _eager_log_softmax),

@@ -8,17 +8,17 @@ is pure math and registers nothing: the ops fp8_qdq, mx_qdq, nvfp4_qdq, int8_qdq
 scaled_matmul (with their third-party torch kernels) are declared in numcheck/ops/quant.py and
 registered by numcheck.catalog, so ``nc.verify("fp8_qdq", my_fn)`` works.
 """
-from .base import QuantFormat  # noqa: F401
-from .fp8 import (DelayedScaling, FP8Format, FP8Quantized, fp8_dequantize, fp8_qdq,  # noqa: F401
+from numcheck.quant.base import QuantFormat  # noqa: F401
+from numcheck.quant.fp8 import (DelayedScaling, FP8Format, FP8Quantized, fp8_dequantize, fp8_qdq,  # noqa: F401
                   fp8_quantize)
-from .intq import (IntFormat, IntQuantized, int4_dequantize, int4_qdq,  # noqa: F401
+from numcheck.quant.intq import (IntFormat, IntQuantized, int4_dequantize, int4_qdq,  # noqa: F401
                    int4_quantize, int8_dequantize, int8_qdq, int8_quantize)
-from .mx import MXFormat, MXQuantized, mx_dequantize, mx_qdq, mx_quantize  # noqa: F401
-from .nvfp4 import (NVFP4Format, NVFP4Quantized, nvfp4_dequantize, nvfp4_qdq,  # noqa: F401
+from numcheck.quant.mx import MXFormat, MXQuantized, mx_dequantize, mx_qdq, mx_quantize  # noqa: F401
+from numcheck.quant.nvfp4 import (NVFP4Format, NVFP4Quantized, nvfp4_dequantize, nvfp4_qdq,  # noqa: F401
                     nvfp4_quantize)
-from .recipe import (RECIPES, QuantRecipe, Quantizer, get_recipe, scaled_matmul,  # noqa: F401
+from numcheck.quant.recipe import (RECIPES, QuantRecipe, Quantizer, get_recipe, scaled_matmul,  # noqa: F401
                      scaled_matmul_reference)
-from .transforms import hadamard, inverse_hadamard, sr_qdq  # noqa: F401
+from numcheck.quant.transforms import hadamard, inverse_hadamard, sr_qdq  # noqa: F401
 
 __all__ = [
     "QuantFormat", "FP8Format", "MXFormat", "NVFP4Format", "IntFormat",

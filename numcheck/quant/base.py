@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import torch
 
-from .. import formats
-from ..errors import UsageError
+from numcheck import formats
+from numcheck.errors import UsageError
 
 Block = int | tuple[int, int] | None
 

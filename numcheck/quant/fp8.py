@@ -49,9 +49,9 @@ from dataclasses import dataclass
 
 import torch
 
-from .. import formats
-from ..errors import UsageError
-from .base import QuantFormat, norm_dim, to64, to_dtype
+from numcheck import formats
+from numcheck.errors import UsageError
+from numcheck.quant.base import QuantFormat, norm_dim, to64, to_dtype
 
 FP8_FORMATS = ("e4m3", "e5m2")
 GRANULARITIES = ("tensor", "row", "block128", "block128x128")

@@ -23,9 +23,9 @@ from dataclasses import dataclass
 
 import torch
 
-from .. import formats
-from ..errors import UsageError
-from .base import QuantFormat, norm_dim, to64, to_dtype
+from numcheck import formats
+from numcheck.errors import UsageError
+from numcheck.quant.base import QuantFormat, norm_dim, to64, to_dtype
 
 INT8_QMAX = 127  # DESIGN rule 10: INT8 [-127, 127]
 INT4_QMAX = 7  # DESIGN rule 10: INT4 [-7, 7]

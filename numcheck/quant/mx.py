@@ -46,9 +46,9 @@ from dataclasses import dataclass
 
 import torch
 
-from .. import formats
-from ..errors import UsageError
-from .base import QuantFormat, need_generator, to64, to_dtype
+from numcheck import formats
+from numcheck.errors import UsageError
+from numcheck.quant.base import QuantFormat, need_generator, to64, to_dtype
 
 ELEMS = ("e4m3", "e5m2", "e2m3", "e3m2", "e2m1")  # OCP MX v1.0 section 5.3 element types
 SCALE_MODES = ("floor", "rceil")

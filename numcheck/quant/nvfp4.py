@@ -39,9 +39,9 @@ from dataclasses import dataclass
 
 import torch
 
-from .. import formats
-from ..errors import UsageError
-from .base import QuantFormat, need_generator, to64, to_dtype
+from numcheck import formats
+from numcheck.errors import UsageError
+from numcheck.quant.base import QuantFormat, need_generator, to64, to_dtype
 
 NVFP4_BLOCK = 16  # NVFP4: 16 e2m1 elements share one e4m3 scale (NVIDIA NVFP4 description)
 E4M3_MAX = 448.0  # OFP8 e4m3fn max normal, 1.75 * 2^8 (OCP 8-bit FP spec table 1)

@@ -28,14 +28,14 @@ from functools import cached_property
 
 import torch
 
-from ..errors import UsageError
-from ..ops.matmul import matmul_reference
-from . import transforms as _tr
-from .base import QuantFormat, to64
-from .fp8 import FP8Format
-from .intq import IntFormat
-from .mx import MXFormat
-from .nvfp4 import NVFP4Format
+from numcheck.errors import UsageError
+from numcheck.ops.matmul import matmul_reference
+from numcheck.quant import transforms as _tr
+from numcheck.quant.base import QuantFormat, to64
+from numcheck.quant.fp8 import FP8Format
+from numcheck.quant.intq import IntFormat
+from numcheck.quant.mx import MXFormat
+from numcheck.quant.nvfp4 import NVFP4Format
 
 ROLES = ("x", "w", "grad")
 

@@ -22,9 +22,9 @@ import math
 
 import torch
 
-from .. import formats
-from ..errors import UsageError
-from .base import norm_dim, to64
+from numcheck import formats
+from numcheck.errors import UsageError
+from numcheck.quant.base import norm_dim, to64
 
 HADAMARD_BLOCKS = (16, 32, 128)  # the block sizes recipes use (NVFP4 RHT: 16; QuaRot-style: 128)
 

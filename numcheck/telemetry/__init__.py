@@ -4,9 +4,29 @@
 returns a ``Telemetry`` (context manager): ``step()``, ``records()``, ``to_parquet(path)``,
 ``first_nonfinite()``, ``enable()`` / ``disable()`` / ``enabled``, ``close()``.
 ``merge(frames)`` merges per-rank records (frames or parquet paths).
+
+Names load on first use (PEP 562): the family's rules (``telemetry_rules``, torch-free) are read
+by ``numcheck compare`` / ``report`` without importing torch.
 """
-from .fields import COLUMNS, DERIVED, FIELDS, KEY, merge, quant_stats, tensor_stats
-from .watch import ROLES, NonFinite, Telemetry, classify, watch
+from __future__ import annotations
+
+from typing import Any
 
 __all__ = ["COLUMNS", "DERIVED", "FIELDS", "KEY", "ROLES", "NonFinite", "Telemetry", "classify",
            "merge", "quant_stats", "tensor_stats", "watch"]
+
+
+def __getattr__(name: str) -> Any:
+    # Explicit imports, not a name -> module table: the import-graph test sees every edge.
+    if name in ("COLUMNS", "DERIVED", "FIELDS", "KEY", "merge", "quant_stats", "tensor_stats"):
+        from numcheck.telemetry import fields as home
+    elif name in ("ROLES", "NonFinite", "Telemetry", "classify", "watch"):
+        from numcheck.telemetry import watcher as home
+    else:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = globals()[name] = getattr(home, name)
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))

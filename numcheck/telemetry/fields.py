@@ -6,9 +6,9 @@ accumulates a module called twice in a step, and merges per-rank frames (``merge
 percentages and SQNRs are derived afterwards (``derive``), never averaged.
 
 Rows accumulate on the host (``host_*``: a list of Python floats per row), fed by the CPU
-passes (numcheck/telemetry/_stats_cpu.py, _quant_cpu.py), by fields given as floats or 0-d
+passes (numcheck/telemetry/_fields_numba.py, _quant_cpu.py), by fields given as floats or 0-d
 CPU tensors, and by the rows a device computed, read back once per step (``host_rows``: the
-device pass numcheck/telemetry/_stats_cuda.py, and the torch route's fields stacked).
+device pass numcheck/telemetry/_fields_triton.py, and the torch route's fields stacked).
 ``tensor_stats`` and ``quant_stats`` are that torch route: the reference of the compiled
 passes, and the route where they do not apply.
 
@@ -25,9 +25,9 @@ import math
 import numpy as np
 import torch
 
-from ..quant.fp8 import FP8Quantized
-from ..quant.mx import E8M0_EMAX, E8M0_EMIN, MXQuantized
-from ..quant.nvfp4 import NVFP4Quantized
+from numcheck.quant.fp8 import FP8Quantized
+from numcheck.quant.mx import E8M0_EMAX, E8M0_EMIN, MXQuantized
+from numcheck.quant.nvfp4 import NVFP4Quantized
 
 KEY = ("step", "rank", "module", "op", "role", "pass", "recipe", "what_if")
 

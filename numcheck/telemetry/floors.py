@@ -6,7 +6,7 @@ itself) into one ``Record`` of family "telemetry" per (module, op, role, recipe)
 gated statistic: over the frame's steps, the floor (minimum) of ``sqnr_db``,
 ``worst_block_sqnr_db``, ``shadow_sqnr_db`` and ``e2e_sqnr_db`` and the ceiling (maximum) of
 ``underflow_pct``, ``saturation_pct`` and the non-finite elements. The golden store judges
-them like every other record (numcheck.telemetry_rules: slacks and rules).
+them like every other record (numcheck.telemetry.telemetry_rules: slacks and rules).
 
 A step where a statistic is undefined by construction is left out of its floor: an all-zero
 tensor (zero-initialized adaLN weights at step 0) has no SQNR (0/0), a tensor without finite
@@ -26,9 +26,9 @@ import hashlib
 
 import numpy as np
 
-from .. import environment
-from ..records import Record
-from ..telemetry_rules import FAMILY, OUTPUT, STATS, worse
+from numcheck.measure import environment
+from numcheck.records import Record
+from numcheck.telemetry.telemetry_rules import FAMILY, OUTPUT, STATS, worse
 
 __all__ = ["as_records"]
 
@@ -78,7 +78,7 @@ def _by_step(steps: np.ndarray, vals: np.ndarray, at: dict, kind: str) -> list[f
 def floors(frame_or_t):
     """The floors and ceilings per (module, op, role, pass, recipe, what_if), a pandas frame:
     the group's columns, ``steps``, ``n`` and one column per gated statistic
-    (numcheck.telemetry_rules.STATS keys; NaN where the group never defines it), in the
+    (numcheck.telemetry.telemetry_rules.STATS keys; NaN where the group never defines it), in the
     frame's row order, and ``per_step``: ``{"step": [steps], key: [the step's value]}`` for the
     statistics the group defines (the results report's layer x step heatmaps; None on a step
     that does not define it, NaN where it came out NaN). Groups without any gated statistic are left out."""

@@ -14,9 +14,9 @@ from pathlib import Path
 
 import torch
 
-from ..errors import UsageError
-from .fields import merge
-from .watch import NonFinite, Telemetry, watch
+from numcheck.errors import UsageError
+from numcheck.telemetry.fields import merge
+from numcheck.telemetry.watcher import NonFinite, Telemetry, watch
 
 # The per-layer table's columns: what a reader asks first of a layer's tensors.
 TABLE = ("amax", "dynamic_range_binades", "underflow_pct", "saturation_pct", "sqnr_db",
@@ -26,7 +26,7 @@ TABLE = ("amax", "dynamic_range_binades", "underflow_pct", "saturation_pct", "sq
 def load(ref: str, seed: int = 0):
     """(model, task, lr) of a built-in model name or ``module:attr``; UsageError otherwise."""
     if ":" not in ref:
-        from ..convergence.models import build
+        from numcheck.convergence.models import build
         return build(ref, seed)
     mod_name, attr = ref.split(":", 1)
     try:
@@ -108,9 +108,9 @@ def plot(frame, path: Path, column: str = "sqnr_db") -> Path | None:
 
 def write_html(frame, path: Path, *, producer: str | None = None,
                title: str | None = None) -> Path:
-    """The telemetry page (numcheck.report_html.telemetry_html: summary, per-layer x step
+    """The telemetry page (numcheck.report.html.telemetry_html: summary, per-layer x step
     heatmaps; ``producer``: the first non-finite producer line) written to ``path``."""
-    from ..report_html import telemetry_html
+    from numcheck.report.html import telemetry_html
     path = Path(path)
     path.write_text(telemetry_html(frame, title=title, producer=producer), encoding="utf-8")
     return path

@@ -1,0 +1,596 @@
+"""Golden regression (DESIGN rule 7): a current row against its stored golden row.
+
+The absolute and baseline rules (``policy``) stand on their own; this gate adds "no worse than
+last time". Slack is measured in units of rounding noise, never as a fixed percentage of the
+golden: a benign rewrite of a kernel (another fp32 summation order, a blocked GEMM, an online
+softmax, Welford) changes the rounding pattern, so its error moves by a fraction of the
+baseline's error and by the sampling spread of an RMS over n elements, while a lost quarter or
+half bit grows the error by 19% or 41% of itself. Calibration: docs/golden-slack-calibration.md
+(bench/calibrate_golden_slack.py).
+
+    error metric (rel_l2 == SQNR, one statistic; the worst block the same way):
+        regressed when  new > old + max(S_E * E, Z * old / sqrt(2 n), F * u)
+        E = max(old kernel error, old baseline error): the baseline's error is the yardstick;
+        S_E = 0.1 for bf16/fp16 results, 2.0 for fp32 (summation order alone moves fp32 error)
+    non-finite: any NaN/inf beyond the golden's, or a new class mismatch
+    max ULP (ops whose policy gates ULPs): may grow by max(1, ceil(old / 4))
+    |mean ULP toward larger magnitude| (rows gated for truncation): max(0.1, 4 / sqrt(n))
+    on a platform outside the golden's envelope (golden.platform_of): the error metrics, max
+        ULP and the bias may exceed that by the cross-platform slack (CROSS_*): "drift",
+        reported and never failing
+    plus each family's own golden rules (numcheck.verdicts.judge: curves leaving their band)
+
+Changed inputs (digest differs) are reported as such, never as a regression or improvement.
+"""
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass, field
+from typing import Callable
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from numcheck.goldens import store as golden
+from numcheck.verdicts import judge as verdict
+from numcheck.goldens.store import KEY, PLATFORM_SEP, platform_difference, platforms_of
+from numcheck.records import family_of_row
+
+# Constants measured in docs/golden-slack-calibration.md (bench/calibrate_golden_slack.py,
+# 4710 benign rows: reordered/blocked fp32 sums, Welford, online softmax, split-K GEMM, ...):
+# bf16/fp16 results (u >= 2^-11): benign excess <= 0.012 E on 11 of 13 ops -> 0.1 (8x margin);
+# a lost half bit (x 1.41) is caught while E < 4 x the kernel's own error.
+S_E_LOW = 0.1
+# fp32 results: another summation order alone moves fp32 error by up to 1.08 E (l2) and
+# 1.76 E (worst block, Welford on zero blocks) -> 2.0; fp32 relies on the absolute rules for
+# fractions of a bit, the golden catches losses of about 1.6 bits and more.
+S_E_FP32 = 2.0
+# Sampling spread of an RMS over n roughly independent errors is rms / sqrt(2 n); benign
+# bf16/fp16 rewrites reached 6.2 of these units (fp16 layer_norm Welford, large_mean) -> 8.
+Z = 8.0
+# Exact or nearly exact results: growth below 5% of the unit roundoff is not a change (a
+# correctly rounded output has rel ~0.3-0.4 u, so a lost half bit still shows above 0.12 u).
+F = 0.05
+# max ULP (ops that gate ULPs): benign rewrites moved it by <= 4 with ratio <= 2 (silu, swiglu,
+# gelu, softmax); never beyond g + max(1, ceil(g / 4)) (0 of 332 rows).
+ULP_SLACK_MIN, ULP_SLACK_FRAC = 1, 0.25
+# |mean ULP toward larger magnitude| (truncation gives 0.5): benign rows rose by > 0.1 in
+# 11 of 332, truncation in 55 of 100; plus 4 standard errors of RNE noise, 0.29 ulp / sqrt(n).
+BIAS_SLACK = 0.1
+# Another platform of the device class (CPU vendor or ATen ISA tier; GPU, CUDA, cuBLAS, cuDNN):
+# another vector width reorders sums and swaps vectorized math for scalar math. Measured in
+# docs/golden-slack-calibration.md ("Across platforms"), the shipped AVX512 goldens against AVX2
+# and DEFAULT runs of the quick ops and quant suites on one AMD EPYC (1650 rows each), in units
+# of E beyond the same-platform slack:
+# bf16/fp16 results: none needed any (the largest excess was 0.093 E *below* the slack) -> 0.1:
+# a lost half bit (0.41 E) still regresses on any platform.
+CROSS_E_LOW = 0.1
+# fp32 results: up to 2.11 E (worst block; compiled adaln_modulate / rms_norm on wide_range rows
+# under DEFAULT: scalar code sums rows sequentially), 0.84 E for the issue's Intel-AMX
+# flex_attention flip -> 4 (about 2x the largest).
+CROSS_E_FP32 = 4.0
+# Rows the golden's platform computed (nearly) exactly, E < u / 8 (a representable result or a
+# complete cancellation: constant rows through layer_norm and adaln_modulate): whether another
+# platform's summation order lands on it is one rounding, so up to one u of it. Measured: 0
+# under DEFAULT, 0.14 u (bf16) and 0.56 u (fp16) under AVX2 for the same rows.
+CROSS_EXACT_BELOW = 0.125
+CROSS_EXACT_U = 1.0
+# |mean ULP toward larger magnitude| on another platform: up to the absolute truncation gate's
+# 0.25 (policy.TRUNCATION_ULP; truncation gives 0.5 on any platform). Measured: fp16 constant
+# rows through layer_norm, 0.000 under DEFAULT, 0.220 under AVX2 (a row's mean off by one
+# rounding shifts every element of the row the same way).
+CROSS_BIAS = 0.25
+# max ULP: no ULP-gated row moved across tiers (54 bf16, 26 fp32 rows; all exact ops) -> one
+# ULP beyond the same-platform slack.
+CROSS_ULP = 1
+
+
+def s_e(u: float) -> float:
+    """Slack in units of E for results whose verdict unit roundoff is ``u``."""
+    return S_E_LOW if u >= 2.0 ** -11 else S_E_FP32
+
+
+@dataclass
+class Change:
+    """The golden verdict of one row: ``kind`` is same | improved | regressed | new |
+    inputs_changed | missing (strict run, no golden) and ``messages`` say why."""
+
+    key: tuple
+    kind: str
+    messages: list[str] = field(default_factory=list)
+    old: dict | None = None
+    new: dict | None = None
+
+    @property
+    def regressed(self) -> bool:
+        return self.kind == "regressed"
+
+    def metrics_line(self) -> str:
+        """old -> new for the key metrics (what refresh prints)."""
+        parts = []
+        for col, label in (("kernel_sqnr_db", "SQNR dB"), ("kernel_min_block_sqnr_db",
+                                                          "worst block dB"),
+                           ("kernel_max_ulp", "max ULP"), ("kernel_rel_l2", "rel_l2")):
+            a = None if self.old is None else self.old.get(col)
+            b = None if self.new is None else self.new.get(col)
+            if a != b and not (_nan(a) and _nan(b)):
+                parts.append(f"{label} {_fmt(a)} -> {_fmt(b)}")
+        for obj, tag in ((self.old, "old"), (self.new, "new")):
+            if obj is not None and obj.get("series"):
+                s = obj["series"]
+                parts.append(f"{tag} curve: {len(s)} steps, final loss - fp32 {s[-1]:+.4g}")
+        parts += _metrics_changes(self.old, self.new)
+        if self.new and self.old and self.new.get("status") != self.old.get("status"):
+            parts.append(f"status {self.old.get('status')} -> {self.new.get('status')}")
+        return ", ".join(parts) or "no metric changed"
+
+
+def _metrics_changes(old: dict | None, new: dict | None) -> list[str]:
+    """``name old -> new`` for the family metrics (fingerprints, telemetry floors) that differ."""
+    def load(row):
+        m = None if row is None else row.get("metrics")
+        return json.loads(m) if isinstance(m, str) else (m or {})
+    if new is None:
+        return []
+    a, b = load(old), load(new)
+    return [f"{k} {_fmt(a.get(k))} -> {_fmt(b.get(k))}" for k in sorted(a.keys() | b.keys())
+            if a.get(k) != b.get(k) and not (_nan(a.get(k)) and _nan(b.get(k)))]
+
+
+def _nan(x) -> bool:
+    return isinstance(x, float) and math.isnan(x)
+
+
+def _fmt(x) -> str:
+    return "-" if x is None else f"{x:.4g}" if isinstance(x, float) else str(x)
+
+
+def _block_rel(db: float | None) -> float:
+    if db is None or _nan(db):
+        return math.nan
+    try:
+        return 0.0 if db == math.inf else 10.0 ** (-db / 20.0)
+    except OverflowError:  # below -6165 dB: an error beyond the largest float
+        return math.inf
+
+
+def error_slack(old: float, yardstick: float, n: int, u: float) -> float:
+    """Allowed growth of an error metric (rel_l2 or a block's rel) over its golden value."""
+    spread = Z * old / math.sqrt(2 * max(n, 1))
+    return max(s_e(u or 0.0) * yardstick, spread, F * (u or 0.0))
+
+
+def cross_slack(yardstick: float, u: float) -> float:
+    """Allowed growth of an error metric beyond the same-platform slack, on a platform the
+    golden was not recorded on."""
+    u = u or 0.0
+    if yardstick < CROSS_EXACT_BELOW * u:  # the golden platform computed it (nearly) exactly
+        return CROSS_EXACT_U * u
+    return (CROSS_E_LOW if u >= 2.0 ** -11 else CROSS_E_FP32) * yardstick
+
+
+def _foreign(old: dict, new: dict) -> bool:
+    """Does ``new`` come from a platform outside ``old``'s envelope? (Rows without platforms
+    are compared as same-platform rows: the strict side.)"""
+    here, seen = platforms_of(new), platforms_of(old)
+    return bool(here and seen) and not set(here) <= set(seen)
+
+
+def _nonfinite(row: dict) -> tuple[int, int]:
+    return ((row.get("kernel_n_nan") or 0) + (row.get("kernel_n_inf") or 0),
+            row.get("kernel_nonfinite_mismatch") or 0)
+
+
+def compare_row(old: dict | None, new: dict, family: str | None = None) -> Change:
+    """The golden verdict of ``new`` (a golden-schema row) against ``old`` (None: no golden):
+    the common statistics rules below plus the family's own golden rules (``family``: whose
+    rules, default from the row: ``numcheck.records.family_of_row``)."""
+    key = golden.key_of(new)
+    if old is None:
+        return Change(key, "new", ["no golden row for this case"], None, new)
+    if old.get("input_digest") and new.get("input_digest") and \
+            old["input_digest"] != new["input_digest"]:
+        return Change(key, "inputs_changed", [
+            f"input digest {old['input_digest']} -> {new['input_digest']}: the case's inputs "
+            "changed (generator, distribution or op input builder); refresh the golden"], old, new)
+    family_rules = verdict.rules(family or family_of_row(new))
+    worse, better = family_rules.golden(old, new) if family_rules.golden else ([], [])
+    if worse and getattr(family_rules, "platform_bound", False) and _foreign(old, new):
+        # values that belong to the platform they were measured on (fingerprints): another
+        # platform's differ by design, reported as drift, never as a regression
+        return Change(key, "drift", worse + [_recorded_on(old, new)], old, new)
+    if new.get("status") == "error" and old.get("status") != "error":
+        worse.append(f"the kernel now fails to run ({old.get('status')} -> error)")
+    if new.get("kernel_n") is None or old.get("kernel_n") is None:
+        if old.get("status") == "error" and new.get("status") not in (None, "error"):
+            better.append("the kernel runs again (error -> " + str(new.get("status")) + ")")
+        return _verdict(key, worse, better, old, new)
+
+    (o_nf, o_mm), (n_nf, n_mm) = _nonfinite(old), _nonfinite(new)
+    if n_nf > o_nf or n_mm > o_mm:
+        worse.append(f"non-finite: {n_nf} NaN/inf ({n_mm} unlike the reference), golden "
+                     f"{o_nf} ({o_mm})")
+    elif n_nf < o_nf or n_mm < o_mm:
+        better.append(f"non-finite: {o_nf} -> {n_nf}")
+
+    # Another platform than the envelope's: the cross-platform slack on top (never for
+    # non-finite values or the absolute rules: those hold on every machine).
+    foreign = _foreign(old, new)
+    drift: list[str] = []
+
+    def judge(label: str, o: float, n_: float, slack: float, cross: float) -> None:
+        if not n_ <= o + slack:  # NaN is worse
+            msg = f"{label} (slack {slack:.2g})"
+            if foreign and n_ <= o + slack + cross:
+                drift.append(f"{label}: within the cross-platform slack {cross:.2g}")
+            else:
+                worse.append(msg)
+        elif n_ < o - slack:
+            better.append(f"{label} (beyond slack {slack:.2g})")
+
+    u = old.get("u") or 0.0
+    n = int(old.get("kernel_n_compared") or old.get("kernel_n") or 1)
+    o_rel, n_rel = old.get("kernel_rel_l2"), new.get("kernel_rel_l2")
+    yard = max(o_rel or 0.0, old.get("baseline_rel_l2") or 0.0)
+    if o_rel is not None and n_rel is not None and math.isfinite(o_rel):
+        judge(f"rel_l2 {o_rel:.4g} -> {n_rel:.4g} (SQNR {old.get('kernel_sqnr_db')} -> "
+              f"{new.get('kernel_sqnr_db')} dB)", o_rel, n_rel,
+              error_slack(o_rel, yard, n, u), cross_slack(yard, u))
+
+    nb = max(1, n // max(1, int(old.get("kernel_n_blocks") or 1)))
+    o_b, n_b = (_block_rel(old.get("kernel_min_block_sqnr_db")),
+                _block_rel(new.get("kernel_min_block_sqnr_db")))
+    b_yard = max(o_b, _block_rel(old.get("baseline_min_block_sqnr_db")))
+    if math.isfinite(o_b) and not _nan(b_yard):
+        judge(f"worst block SQNR {old.get('kernel_min_block_sqnr_db')} -> "
+              f"{new.get('kernel_min_block_sqnr_db')} dB (rel {o_b:.3g} -> {n_b:.3g})",
+              o_b, n_b, error_slack(o_b, b_yard, nb, u), cross_slack(b_yard, u))
+
+    if old.get("gate_ulp") and old.get("kernel_max_ulp") is not None:
+        o_u, n_u = old["kernel_max_ulp"], new.get("kernel_max_ulp")
+        slack = max(ULP_SLACK_MIN, math.ceil(ULP_SLACK_FRAC * o_u))
+        judge(f"max ULP {o_u} -> {n_u}", o_u, math.nan if n_u is None else n_u, slack,
+              CROSS_ULP)
+    if old.get("gate_bias") and old.get("kernel_mag_bias_ulp") is not None:
+        o_m = abs(old["kernel_mag_bias_ulp"])
+        n_m = abs(new.get("kernel_mag_bias_ulp") if new.get("kernel_mag_bias_ulp") is not None
+                  else math.nan)
+        slack = max(BIAS_SLACK, 4 / math.sqrt(n))
+        label = (f"|mean ULP toward larger magnitude| {o_m:.3f} -> {n_m:.3f} (slack "
+                 f"{slack:.3f}; truncation gives 0.5)")
+        if foreign and n_m <= max(o_m + slack, CROSS_BIAS):
+            if not n_m <= o_m + slack:
+                drift.append(f"{label}: within the cross-platform bound {CROSS_BIAS}")
+        elif not n_m <= o_m + slack:
+            worse.append(label)
+    if old.get("status") == "passed" and new.get("status") in ("failed", "error"):
+        worse.append(f"absolute rules: passed -> {new.get('status')}")
+    if drift and not worse:
+        drift.append(_recorded_on(old, new))
+        return Change(key, "drift", drift, old, new)
+    return _verdict(key, worse, better, old, new)
+
+
+def _recorded_on(old: dict, new: dict) -> str:
+    here = (platforms_of(new) or ["this machine"])[0]
+    recorded = platforms_of(old)
+    return (f"golden recorded on {PLATFORM_SEP.join(recorded) or 'an unknown platform'}; here "
+            f"{here}" + (f" ({platform_difference(recorded[0], here)})" if recorded else ""))
+
+
+def _verdict(key, worse, better, old, new) -> Change:
+    if worse:
+        return Change(key, "regressed", worse, old, new)
+    if better:
+        return Change(key, "improved", better, old, new)
+    return Change(key, "same", [], old, new)
+
+
+# --- whole tables at once (numcheck compare) ----------------------------------------------------
+
+def compare_tables(old: pa.Table, new: pa.Table, *, same: bool = False
+                   ) -> tuple[list[Change], int]:
+    """``numcheck compare``: the Changes of the rows that changed (every row with ``same``), and
+    the number of unchanged rows left out. A row of ``new`` is compared with ``old``'s row of its
+    key; a key only ``old`` has is a Change of kind "removed". The verdicts come from
+    ``compare_kinds`` (whole columns); ``compare_row`` gives the listed rows their messages."""
+    o, n, kinds = compare_kinds(old, new)
+    listed = np.arange(len(kinds)) if same else np.flatnonzero(kinds != "same")
+    changes = []
+    for a, b in zip(_dicts(old, o[listed]), _dicts(new, n[listed])):
+        c = Change(golden.key_of(a), "removed", ["row not in NEW"], a, None) if b is None else \
+            compare_row(a, b, b.get("family"))
+        if same or c.kind != "same":  # (rows whose family judges them may be the same)
+            changes.append(c)
+    return changes, len(kinds) - len(changes)
+
+
+def compare_kinds(old: pa.Table, new: pa.Table) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The golden verdict of every key of two golden (or results) tables, on whole columns:
+    ``(row of old, row of new, kind)`` per key, row -1 where that side has none (of several rows
+    with one key the last counts, as in ``golden.read``). ``kind`` is ``compare_row(old row, new
+    row).kind``, "removed" for a key only ``old`` has, and None where the row's family has golden
+    rules of its own (``Rules.golden``; ``compare_row`` judges those rows).
+    tests/test_golden_compare_vectorized.py holds it to ``compare_row`` row by row."""
+    o, n = _outer_join(old, new)
+    col = _Columns(old, o, new, n)
+    with np.errstate(all="ignore"):  # NaN and inf propagate as in compare_row's float maths
+        worse, better, drift = _common_rules(col)
+    kinds = np.array(["same", "improved", "drift", "regressed"], dtype=object)[
+        np.where(worse, 3, np.where(drift, 2, np.where(better, 1, 0)))]
+    own_rules = _per_distinct(lambda *v: verdict.rules(family_of_row(dict(zip(
+        ("family", "series", "suite", "op", "output"), v)))).golden is not None, bool,
+        col.codes("new:family"), col.present("new:series"), col.codes("new:suite"),
+        col.codes("new:op"), col.codes("new:output"))
+    kinds[own_rules] = None
+    kinds[_inputs_changed(old, o, new, n)] = "inputs_changed"
+    kinds[o < 0] = "new"
+    kinds[n < 0] = "removed"
+    return o, n, kinds
+
+
+def _common_rules(col: _Columns) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """compare_row's common statistics rules on columns: (worse, better, drift) per key."""
+    o_status, n_status = col.strings("old:status"), col.strings("new:status")
+    status_error = (n_status == "error") & (o_status != "error")
+    runs_again = (o_status == "error") & np.not_equal(n_status, None) & (n_status != "error")
+    stats = col.floats("old:kernel_n")[1] & col.floats("new:kernel_n")[1]
+    zero = col.zero_if_null  # `row.get(name) or 0`
+
+    o_nf = zero("old:kernel_n_nan") + zero("old:kernel_n_inf")
+    n_nf = zero("new:kernel_n_nan") + zero("new:kernel_n_inf")
+    o_mm, n_mm = zero("old:kernel_nonfinite_mismatch"), zero("new:kernel_nonfinite_mismatch")
+    worse = (n_nf > o_nf) | (n_mm > o_mm)
+    better = ~worse & ((n_nf < o_nf) | (n_mm < o_mm))
+    drift = np.zeros_like(worse)
+    foreign = _per_distinct(lambda a, b: _foreign({"platforms": a}, {"platforms": b}), bool,
+                            col.codes("old:platforms"), col.codes("new:platforms"))
+
+    def judge(applies, o, n_, slack, cross) -> None:  # compare_row's judge
+        exceeds = applies & ~(n_ <= o + slack)
+        drifts = exceeds & foreign & (n_ <= o + slack + cross)
+        drift[:] |= drifts
+        worse[:] |= exceeds & ~drifts
+        better[:] |= applies & ~exceeds & (n_ < o - slack)
+
+    u = zero("old:u")
+    kc, kn = zero("old:kernel_n_compared"), zero("old:kernel_n")
+    n = np.where(kc != 0, kc, np.where(kn != 0, kn, 1.0))
+    (o_rel, o_rel_ok), (n_rel, n_rel_ok) = col.floats("old:kernel_rel_l2"), col.floats(
+        "new:kernel_rel_l2")
+    yard = _max(zero("old:kernel_rel_l2"), zero("old:baseline_rel_l2"))
+    judge(o_rel_ok & n_rel_ok & np.isfinite(o_rel), o_rel, n_rel,
+          _error_slack(o_rel, yard, n, u), _cross_slack(yard, u))
+
+    n_blocks = zero("old:kernel_n_blocks")
+    nb = np.maximum(1.0, n // np.maximum(1.0, np.where(n_blocks != 0, n_blocks, 1.0)))
+    o_b = col.per_float(_block_rel, "old:kernel_min_block_sqnr_db")
+    n_b = col.per_float(_block_rel, "new:kernel_min_block_sqnr_db")
+    b_yard = _max(o_b, col.per_float(_block_rel, "old:baseline_min_block_sqnr_db"))
+    judge(np.isfinite(o_b) & ~np.isnan(b_yard), o_b, n_b,
+          _error_slack(o_b, b_yard, nb, u), _cross_slack(b_yard, u))
+
+    o_u, o_u_ok = col.floats("old:kernel_max_ulp")
+    n_u = col.floats("new:kernel_max_ulp")[0]  # NaN where None, as in compare_row
+    judge(col.flags("old:gate_ulp") & o_u_ok, o_u, n_u,
+          np.maximum(ULP_SLACK_MIN, np.ceil(ULP_SLACK_FRAC * o_u)), CROSS_ULP)
+
+    o_m, o_m_ok = col.floats("old:kernel_mag_bias_ulp")
+    o_m, n_m = np.abs(o_m), np.abs(col.floats("new:kernel_mag_bias_ulp")[0])
+    slack = _max(np.full_like(n, BIAS_SLACK), 4 / np.sqrt(n))
+    exceeds = col.flags("old:gate_bias") & o_m_ok & ~(n_m <= o_m + slack)
+    within_cross = foreign & (n_m <= _max(o_m + slack, np.full_like(n, CROSS_BIAS)))
+    drift |= exceeds & within_cross
+    worse |= exceeds & ~within_cross
+    worse |= (o_status == "passed") & ((n_status == "failed") | (n_status == "error"))
+
+    # without statistics on both sides compare_row stops after the status rules
+    return status_error | (stats & worse), np.where(stats, better, runs_again), stats & drift
+
+
+def _max(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """Python's max(a, b) elementwise, NaN included: b only where b > a."""
+    return np.where(b > a, b, a)
+
+
+def _error_slack(old, yardstick, n, u) -> np.ndarray:
+    """error_slack on columns: the same operations in the same order."""
+    spread = Z * old / np.sqrt(2 * np.maximum(n, 1))
+    return _max(_max(np.where(u >= 2.0 ** -11, S_E_LOW, S_E_FP32) * yardstick, spread), F * u)
+
+
+def _cross_slack(yardstick, u) -> np.ndarray:
+    """cross_slack on columns."""
+    per_e = np.where(u >= 2.0 ** -11, CROSS_E_LOW, CROSS_E_FP32) * yardstick
+    return np.where(yardstick < CROSS_EXACT_BELOW * u, CROSS_EXACT_U * u, per_e)
+
+
+def _inputs_changed(old: pa.Table, o: np.ndarray, new: pa.Table, n: np.ndarray) -> np.ndarray:
+    """Both rows carry an input digest (not None, not empty) and the digests differ."""
+    a, b = (t.column("input_digest").combine_chunks().take(_indices(rows))
+            for t, rows in ((old, o), (new, n)))
+    la, lb, differ = pc.binary_length(a), pc.binary_length(b), pc.not_equal(a, b)
+    given = _valid(la) & (_values(la) > 0) & _valid(lb) & (_values(lb) > 0)
+    return given & _values(differ)
+
+
+def _outer_join(old: pa.Table, new: pa.Table) -> tuple[np.ndarray, np.ndarray]:
+    """Rows of old and new with equal keys (golden.KEY), one pair per key, -1 where a side has
+    no row; of several rows with one key the last counts. Keys of new first, in its order."""
+    if _same_keys_once(old, new):  # a golden against its refresh: no hashing of the keys
+        rows = np.arange(new.num_rows)
+        return rows, rows
+    ids, groups = _dense(_combined([_encode(old, new, name) for name in KEY])[0])
+    last = np.full((2, groups), -1, dtype=np.int64)
+    np.maximum.at(last[0], ids[:old.num_rows], np.arange(old.num_rows))
+    np.maximum.at(last[1], ids[old.num_rows:], np.arange(new.num_rows))
+    in_new = np.sort(last[1][last[1] >= 0])
+    gone = np.sort(last[0][(last[0] >= 0) & (last[1] < 0)])
+    return (np.concatenate([last[0][ids[old.num_rows:][in_new]], gone]),
+            np.concatenate([in_new, np.full(len(gone), -1, dtype=np.int64)]))
+
+
+def _same_keys_once(old: pa.Table, new: pa.Table) -> bool:
+    """Do old and new hold the same keys in the same rows, each key once? Checked as row by
+    row equal and strictly increasing (golden.write and write_results sort rows by key)."""
+    if old.num_rows != new.num_rows:
+        return False
+    increasing = np.zeros(max(new.num_rows - 1, 0), dtype=bool)
+    tied = ~increasing
+    for name in KEY:
+        a, b = old.column(name).combine_chunks(), new.column(name).combine_chunks()
+        if a.null_count or b.null_count or a.type != b.type or \
+                not _values(pc.equal(a, b)).all():
+            return False
+        if len(b) > 1:
+            before, after = b.slice(0, len(b) - 1), b.slice(1)
+            increasing |= tied & _values(pc.less(before, after))
+            tied &= _values(pc.equal(before, after))
+    return bool(increasing.all())
+
+
+def _combined(columns: list[tuple[np.ndarray, int]]) -> tuple[np.ndarray, int]:
+    """One integer below ``size`` per row of coded columns ``(codes, how many codes)``, equal
+    where the rows' codes are: mixed radix, renumbered before it would overflow."""
+    ids, size = np.zeros(len(columns[0][0]), dtype=np.int64), 1
+    for codes, count in columns:
+        if size * count >= 2 ** 62:
+            ids, size = _dense(ids)
+        ids, size = ids * count + codes, size * count
+    return ids, size
+
+
+def _dense(ids: np.ndarray) -> tuple[np.ndarray, int]:
+    """Integers renumbered 0, 1, ... (equal stays equal) and how many."""
+    distinct, ids = np.unique(ids, return_inverse=True)
+    return ids.reshape(-1), len(distinct)
+
+
+def _encode(old: pa.Table, new: pa.Table, name: str) -> tuple[np.ndarray, int]:
+    """Codes of column ``name`` over old's rows then new's (equal values, equal codes; None is a
+    value of its own) and how many distinct values."""
+    column = pa.concat_arrays([old.column(name).combine_chunks(), new.column(name).combine_chunks(
+        ).cast(old.schema.field(name).type)]).dictionary_encode(null_encoding="encode")
+    return _values(column.indices).astype(np.int64), len(column.dictionary)
+
+
+def _per_distinct(fn: Callable, dtype: type, *columns: tuple[np.ndarray, list]) -> np.ndarray:
+    """``fn(*values)`` per row of coded columns (``_Columns.codes``), evaluated once per
+    distinct combination of values, as an array of ``dtype``."""
+    ids, size = _combined([(codes, len(values)) for codes, values in columns])
+    if size > 2 * len(ids) + 1024:  # more combinations than rows: number those that occur
+        ids, size = _dense(ids)
+    row = np.full(size, -1, dtype=np.int64)
+    row[ids] = np.arange(len(ids))  # a row of each combination (any: they are alike)
+    out = np.zeros(size, dtype=dtype)
+    for i in np.flatnonzero(row >= 0):
+        out[i] = fn(*(values[codes[row[i]]] for codes, values in columns))
+    return out[ids]
+
+
+class _Columns:
+    """The columns of old and new at the joined rows, by ``"old:<column>"`` / ``"new:<column>"``;
+    row -1 and a column the table lacks (``family`` in goldens) read as null."""
+
+    def __init__(self, old: pa.Table, o: np.ndarray, new: pa.Table, n: np.ndarray):
+        self._tables, self._rows = {"old": old, "new": new}, {"old": o, "new": n}
+        self._floats: dict[str, tuple[np.ndarray, np.ndarray]] = {}  # the rules reread some
+
+    def _get(self, key: str) -> tuple[pa.ChunkedArray | None, np.ndarray]:
+        side, name = key.split(":")
+        table = self._tables[side]
+        return (table.column(name) if name in table.column_names else None), self._rows[side]
+
+    def floats(self, key: str) -> tuple[np.ndarray, np.ndarray]:
+        """Values as float64 (NaN where null) and where they are not null."""
+        if key not in self._floats:
+            c, rows = self._get(key)
+            if c is None:
+                self._floats[key] = np.full(len(rows), np.nan), np.zeros(len(rows), dtype=bool)
+            else:
+                c = c.combine_chunks().cast(pa.float64())
+                ok = np.append(_valid(c), False)[rows]
+                self._floats[key] = np.where(ok, np.append(_values(c), np.nan)[rows], np.nan), ok
+        return self._floats[key]
+
+    def zero_if_null(self, key: str) -> np.ndarray:
+        """``row.get(name) or 0``: a number, 0 where null."""
+        v, ok = self.floats(key)
+        return np.where(ok, v, 0.0)
+
+    def flags(self, key: str) -> np.ndarray:
+        """A boolean column's truth (null is false)."""
+        c, rows = self._get(key)
+        if c is None:
+            return np.zeros(len(rows), dtype=bool)
+        c = c.combine_chunks()
+        return np.append(_values(c) & _valid(c), False)[rows]
+
+    def codes(self, key: str) -> tuple[np.ndarray, list]:
+        """Dictionary codes per row and the values they stand for (None: null, or no row)."""
+        c, rows = self._get(key)
+        if c is None:
+            return np.zeros(len(rows), dtype=np.int64), [None]
+        enc = c.combine_chunks().dictionary_encode(null_encoding="encode")
+        values = enc.dictionary.to_pylist() + [None]
+        return np.append(_values(enc.indices), len(values) - 1)[rows], values
+
+    def present(self, key: str) -> tuple[np.ndarray, list]:
+        """Codes of whether a row has a value (a curve stands in as []: ``family_of_row`` asks
+        only whether there is one)."""
+        c, rows = self._get(key)
+        if c is None:
+            return np.zeros(len(rows), dtype=np.int64), [None]
+        return np.append(_valid(c.combine_chunks()), False)[rows].astype(np.int64), [None, []]
+
+    def strings(self, key: str) -> np.ndarray:
+        """Values as an object array (None where null)."""
+        codes, values = self.codes(key)
+        return np.array(values, dtype=object)[codes]
+
+    def per_float(self, fn: Callable[[float | None], float], key: str) -> np.ndarray:
+        """``fn(value)`` per row of a float column (None where null), evaluated once per
+        distinct value: Python's float maths, where numpy's may differ in the last bit (``**``)."""
+        return _per_distinct(fn, np.float64, self.codes(key))
+
+
+# Arrow to numpy and back through buffers: Array.to_numpy, pa.array and Python scalars as compute
+# arguments import pandas where it is installed (arrow's conversion layer), half a second of
+# numcheck compare.
+_NUMPY = {pa.int32(): np.int32, pa.int64(): np.int64, pa.float64(): np.float64}
+
+
+def _bits(buffer: pa.Buffer, a: pa.Array) -> np.ndarray:
+    bits = np.unpackbits(np.frombuffer(buffer, np.uint8), bitorder="little")
+    return bits[a.offset:a.offset + len(a)].astype(bool)
+
+
+def _valid(a: pa.Array) -> np.ndarray:
+    """Where the array is not null."""
+    validity = a.buffers()[0]
+    return np.ones(len(a), dtype=bool) if validity is None or not len(a) else _bits(validity, a)
+
+
+def _values(a: pa.Array) -> np.ndarray:
+    """A boolean, int32, int64 or float64 array's values (whatever lies under its nulls)."""
+    if pa.types.is_boolean(a.type):
+        return _bits(a.buffers()[1], a) if len(a) else np.zeros(0, dtype=bool)
+    dtype = np.dtype(_NUMPY[a.type])
+    if not len(a):
+        return np.zeros(0, dtype=dtype)
+    return np.frombuffer(a.buffers()[1], dtype, len(a), a.offset * dtype.itemsize)
+
+
+def _indices(rows: np.ndarray) -> pa.Array:
+    """Row numbers as an arrow array for ``take``, null at row -1."""
+    rows = np.ascontiguousarray(rows, dtype=np.int64)
+    return pa.Array.from_buffers(pa.int64(), len(rows), [
+        pa.py_buffer(np.packbits(rows >= 0, bitorder="little")), pa.py_buffer(rows)])
+
+
+def _dicts(table: pa.Table, rows: np.ndarray) -> list[dict | None]:
+    """The rows of ``table`` as dicts (as golden.read gives them), None for row -1."""
+    got = iter(table.take(_indices(rows[rows >= 0])).to_pylist())
+    return [next(got) if r >= 0 else None for r in rows]

@@ -1,0 +1,4 @@
+"""Built-in kernel machinery that op families use: the torch.compile variant of an op
+(``compiled``), numcheck's own Triton kernels (``triton_builtin``) and the exact float
+conversions its interpreter needs on the CPU (``triton_interp``), the compiled textbook GEMM
+loop (``gemm_cpu``). Registers nothing and imports no op family."""

@@ -1,0 +1,144 @@
+"""Correct float conversions for Triton's CPU interpreter (``TRITON_INTERPRET=1``).
+
+Triton 3.9's interpreter converts floats in one routine, ``_convert_float``, which gets three
+things wrong (docs/findings.md, "Triton's CPU interpreter converts floats wrongly"): bf16/fp8
+subnormal inputs, fp32 -> bf16 (truncates instead of rounding to nearest even) and fp32 -> fp8
+(ties away, a lost carry, NaN and overflow). A correct kernel that stores bf16 from fp32 then
+fails numcheck's gates on the CPU for the interpreter's sake. ``install()`` replaces that routine
+with an exact one: the input decoded from its bits to float64 (exact for every format it
+handles), rounded by numcheck's own bit-level ``formats.round_to`` (nearest even, or toward zero
+where the kernel asks for ``rtz``; bf16/fp16/fp32 overflow to inf as IEEE and compiled Triton
+do, fp8 saturates to its largest finite value as compiled Triton's ``satfinite`` conversions
+do, NaN stays NaN), and encoded back. Formats it does not know (FNUZ fp8 variants) keep
+Triton's routine. Compiled kernels never pass through it: their bugs are judged as they are.
+
+``nc.verify`` and the pytest plugin install it when ``TRITON_INTERPRET`` is set and triton is
+importable (``install_if_interpreting``); ``install()`` returns False where triton is missing or
+its interpreter has no such routine (another version: the findings' tests say what holds where).
+"""
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from numcheck import formats
+
+_STATE: dict = {}
+
+
+def _names():
+    import triton.language as tl
+    return {tl.float64: ("fp64", torch.float64), tl.float32: ("fp32", torch.float32),
+            tl.float16: ("fp16", torch.float16), tl.bfloat16: ("bf16", torch.bfloat16),
+            tl.float8e4nv: ("e4m3", torch.float8_e4m3fn), tl.float8e5: ("e5m2", torch.float8_e5m2)}
+
+
+def _bits_dtype(nbytes: int):
+    return {1: (np.uint8, torch.uint8), 2: (np.uint16, torch.int16),
+            4: (np.uint32, torch.int32), 8: (np.uint64, torch.int64)}[nbytes]
+
+
+def _decode(data: np.ndarray, dt: torch.dtype) -> torch.Tensor:
+    """float64 values of the raw bits in ``data`` read as ``dt`` (every such value is exact in
+    float64)."""
+    np_u, t_int = _bits_dtype(torch.finfo(dt).bits // 8)
+    raw = torch.from_numpy(np.frombuffer(data.tobytes(), dtype=np_u).copy())
+    return (raw if np_u is np.uint8 else raw.view(t_int)).view(dt).double()
+
+
+def exact_convert(data: np.ndarray, src: str, dst: str, rounding: str = "rne") -> np.ndarray:
+    """The bits of ``data`` (raw bits of format ``src``) converted to format ``dst``: decoded
+    exactly, rounded by numcheck, encoded; an unsigned integer array of dst's width."""
+    table = {name: t for name, t in _names().values()}
+    x = _decode(np.asarray(data), table[src])
+    fmt = formats.get(dst)
+    saturate = dst in ("e4m3", "e5m2")  # compiled Triton's fp8 conversions are satfinite
+    y = formats.round_to(x, dst, rounding=rounding, saturate=saturate) if dst != "fp64" else x
+    if fmt.name != "fp64" and not saturate:
+        y = torch.where(x.isinf(), x, y)  # IEEE: inf stays inf
+    out = y.to(table[dst])  # exact: y lies on dst's grid
+    np_u, t_int = _bits_dtype(out.element_size())
+    raw = out.view(torch.uint8) if np_u is np.uint8 else out.view(t_int)
+    return raw.numpy().view(np_u)
+
+
+def install() -> bool:
+    """Replace the interpreter's float conversion with ``exact_convert`` (idempotent). False
+    where triton or its ``_convert_float`` is missing."""
+    try:
+        from triton.runtime import interpreter
+    except Exception:  # ImportError, or triton failing at import on this machine
+        return False
+    if "original" in _STATE:
+        return True
+    original = getattr(interpreter, "_convert_float", None)
+    if original is None:
+        return False
+    names = _names()
+    rtz = interpreter._ir.ROUNDING_MODE.RTZ
+
+    def convert(input, input_dtype, output_dtype, rounding_mode):
+        if input_dtype not in names or output_dtype not in names:
+            return original(input, input_dtype, output_dtype, rounding_mode)
+        out = exact_convert(input, names[input_dtype][0], names[output_dtype][0],
+                            "rz" if rounding_mode == rtz else "rne")
+        return out.reshape(np.shape(input))
+
+    _STATE["original"] = original
+    interpreter._convert_float = convert
+    return True
+
+
+_MODULES: dict = {}
+
+
+def kernels_module(device):
+    """numcheck.kernels.triton_builtin for ``device``: on CUDA the module as imported (compiled
+    kernels); on the CPU a second copy of it whose ``@triton.jit`` decorators ran with the
+    interpreter switched on inside ``triton.knobs.runtime.scope()`` (restored after: no other
+    kernel of the process and no environment variable changes), with ``install()``."""
+    if torch.device(device).type != "cpu":
+        from numcheck.kernels import triton_builtin as triton_kernels
+        return triton_kernels
+    if "cpu" not in _MODULES:
+        import importlib.util
+
+        import triton
+        install()
+        spec = importlib.util.find_spec("numcheck.kernels.triton_builtin")
+        mod = importlib.util.module_from_spec(spec)
+        with triton.knobs.runtime.scope():
+            triton.knobs.runtime.interpret = True
+            spec.loader.exec_module(mod)
+        _MODULES["cpu"] = mod
+    return _MODULES["cpu"]
+
+
+def available() -> str | None:
+    """None where triton imports, else why not (a skip reason)."""
+    import importlib.util
+    if importlib.util.find_spec("triton") is None:
+        return "triton is not installed (pip install 'numcheck[triton]')"
+    return None
+
+
+def supports(case, device) -> str | None:
+    """A Kernel ``supports`` for numcheck's Triton kernels: skip every case where triton is
+    missing."""
+    return available()
+
+
+def install_if_interpreting() -> bool:
+    """``install()`` where ``TRITON_INTERPRET`` asks for the interpreter (and only there: importing
+    triton costs a second)."""
+    import os
+    if os.environ.get("TRITON_INTERPRET", "").lower() not in ("1", "true", "on", "yes"):
+        return False
+    return install()
+
+
+def uninstall() -> None:
+    """Put Triton's own routine back (tests)."""
+    if "original" in _STATE:
+        from triton.runtime import interpreter
+        interpreter._convert_float = _STATE.pop("original")

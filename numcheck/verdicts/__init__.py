@@ -1,0 +1,3 @@
+"""Verdicts: the one verdict path (``judge``), the ops' rules (``policy``), the condition-aware
+bound (``conditioning``), known weaknesses by id (``findings``) and the record families
+(``families``: the one place a family registers)."""

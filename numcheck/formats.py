@@ -82,6 +82,43 @@ class Format:
     def always_saturates(self) -> bool:
         return not self.has_inf and not self.has_nan
 
+    # Bit-layout constants, for the compiled passes that decode encodings from their bits
+    # (numcheck/measure/_stats_*, numcheck/telemetry/_fields_*, _quant_numba). Exact ints from
+    # the field widths above; layout: sign, exponent, fraction (IEEE 754-2019 section 3.4).
+    @property
+    def frac_mask(self) -> int:
+        """The fraction field's bits, 2^mbits - 1 (fp64: 0xFFFFFFFFFFFFF, fp16: 0x3FF)."""
+        return (1 << self.mbits) - 1
+
+    @property
+    def exp_mask(self) -> int:
+        """The exponent field's bits, unshifted: 2^ebits - 1, the code of inf and NaN in IEEE
+        formats (fp64: 0x7FF, fp16: 0x1F)."""
+        return (1 << self.ebits) - 1
+
+    @property
+    def abs_mask(self) -> int:
+        """The encoding's bits without the sign: its magnitude, which orders like the integer
+        it is (fp32: 0x7FFFFFFF, bf16 and fp16: 0x7FFF)."""
+        return (1 << (self.ebits + self.mbits)) - 1
+
+    @property
+    def inf_bits(self) -> int | None:
+        """+inf's encoding, the exponent field all ones over a zero fraction (fp32: 0x7F800000,
+        bf16: 0x7F80, fp16: 0x7C00); None where the format has no inf."""
+        return self.exp_mask << self.mbits if self.has_inf else None
+
+    @property
+    def max_significand(self) -> int:
+        """max as an integer significand times 2^(emax - mbits) (e4m3: 14, e2m1: 3)."""
+        return int(self.max * 2.0 ** (self.mbits - self.emax))
+
+    @property
+    def max_ordinal(self) -> int:
+        """max's position in the ordered encoding (``ordinal``): for an IEEE-like format, the
+        magnitude bits of its code (bf16: 0x7F7F, e4m3: 0x7E)."""
+        return (self.emax - self.emin) * 2**self.mbits + self.max_significand
+
     @property
     def torch(self) -> torch.dtype | None:
         return getattr(torch, self.torch_dtype) if self.torch_dtype else None

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 import numcheck as nc
-from numcheck.measure import stats
+from numcheck.measure import blocks, stats
 
 DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.cuda)]
 
@@ -120,7 +120,7 @@ def test_four_corrupted_elements_show_in_blocks():
     s = nc.error_stats(bad, ref)
     assert abs(s.sqnr_db - clean.sqnr_db) < 0.5  # lost in the whole-tensor number
     assert s.min_block_sqnr_db < clean.min_block_sqnr_db - 10
-    assert s.worst_block in set((idx // stats.DEFAULT_BLOCK).tolist())
+    assert s.worst_block in set((idx // blocks.DEFAULT_BLOCK).tolist())
 
 
 def test_tiles_and_ragged_blocks():

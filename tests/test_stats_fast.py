@@ -22,7 +22,8 @@ import pytest
 import torch
 
 import numcheck as nc
-from numcheck.measure import stats
+from numcheck.measure import backend, stats
+from numcheck.measure import blocks as geometry
 
 DTYPES = [torch.bfloat16, torch.float16, torch.float32, torch.float8_e4m3fn]
 _NP = {torch.bfloat16: ml_dtypes.bfloat16, torch.float16: np.float16, torch.float32: np.float32,
@@ -56,7 +57,7 @@ def _ordinal(v: np.ndarray, dtype: torch.dtype) -> np.ndarray:
 def _block_index(shape, blocks) -> np.ndarray:
     flat = np.arange(math.prod(shape))
     if blocks is None:
-        return flat // stats.DEFAULT_BLOCK
+        return flat // geometry.DEFAULT_BLOCK
     if isinstance(blocks, int):
         c = shape[-1]
         return flat // c * -(-c // blocks) + flat % c // blocks
@@ -181,7 +182,7 @@ def _adversarial(dtype: torch.dtype, shape, seed: int) -> tuple[torch.Tensor, to
     o64 = torch.where(how == 6, math.nan, o64)
     out = o64.to(dtype).reshape(shape)
     ref = ref.reshape(shape)
-    zero = min(3 * stats.DEFAULT_BLOCK, n // 8)  # zero blocks (whole ones in large tensors)
+    zero = min(3 * geometry.DEFAULT_BLOCK, n // 8)  # zero blocks (whole ones in large tensors)
     ref.view(-1)[:zero] = 0.0
     out.view(-1)[: zero // 3] = 0.0
     return out, ref
@@ -194,19 +195,28 @@ CASES = [((5, 301, 67), None), ((5, 301, 67), 32), ((5, 301, 67), 67), ((5, 301,
 @pytest.fixture
 def small_chunks(monkeypatch):
     """Many chunks, ragged ones included: 2^12 elements a chunk (its tiles kept whole)."""
-    monkeypatch.setattr(stats, "_CHUNK", 1 << 12)
+    monkeypatch.setattr(geometry, "CHUNK", 1 << 12)
+
+
+@pytest.fixture
+def torch_route():
+    """The torch route: the compiled passes off (backend's switch, as NUMCHECK_BACKEND=torch)."""
+    with backend.force("torch"):
+        assert stats._cpu_loop() is None
+        yield
 
 
 @pytest.fixture(params=["loop", "torch"])
-def cpu_route(request, monkeypatch) -> str:
+def cpu_route(request) -> str:
     """The CPU route: the compiled loop (numcheck.measure._stats_numba, numba) or the torch route (its
     fallback where numba is missing)."""
     if request.param == "loop":
         pytest.importorskip("numba")
         assert stats._cpu_loop() is not None
+        yield request.param
     else:
-        monkeypatch.setitem(stats._LOOP, "module", None)
-    return request.param
+        with backend.force("torch"):
+            yield request.param
 
 
 def test_every_route_matches_plain_float64_compiled_loop(small_chunks):
@@ -223,9 +233,9 @@ def test_every_route_matches_plain_float64_compiled_loop(small_chunks):
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 @pytest.mark.parametrize("shape, blocks", CASES, ids=str)
-def test_every_route_matches_plain_float64(dtype, shape, blocks, small_chunks, monkeypatch):
+def test_every_route_matches_plain_float64(dtype, shape, blocks, small_chunks, monkeypatch,
+                                           torch_route):
     """The torch route (fast and general chunks), then the general route alone."""
-    monkeypatch.setitem(stats._LOOP, "module", None)
     out, ref = _adversarial(dtype, shape, seed=hash((str(dtype), shape)) % 1000)
     want = _oracle(out, ref, blocks)
     routes = []
@@ -244,7 +254,7 @@ def test_fast_routes_on_clean_data_across_natural_chunks(dtype, cpu_route):
     oracle: the compiled loop, and the torch route's fast chunks (only their set-aside ties and
     sign flips go general)."""
     g = torch.Generator().manual_seed(1)
-    ref = torch.randn(3 * stats._CHUNK + 12345, generator=g, dtype=torch.float64)
+    ref = torch.randn(3 * geometry.CHUNK + 12345, generator=g, dtype=torch.float64)
     ref *= torch.exp2(torch.randint(-4, 4, ref.shape, generator=g).double())  # below e4m3's max
     out = ref * (1 + 0.02 * torch.randn(ref.shape, generator=g, dtype=torch.float64))
     out[::1001] *= -1
@@ -255,7 +265,7 @@ def test_fast_routes_on_clean_data_across_natural_chunks(dtype, cpu_route):
 def test_results_do_not_depend_on_the_thread_count(cpu_route):
     """Each chunk runs on one intra-op thread, whichever thread runs it: 1 and 2 threads give
     bit-identical statistics (torch's own split of a sum would not)."""
-    out, ref = _adversarial(torch.bfloat16, (4 * stats._CHUNK + 7,), seed=3)
+    out, ref = _adversarial(torch.bfloat16, (4 * geometry.CHUNK + 7,), seed=3)
     n = torch.get_num_threads()
     try:
         torch.set_num_threads(1)
@@ -349,7 +359,7 @@ def test_cuda_fused_kernel_equals_the_chunked_fallback(dtype, shape, blocks):
     _assert_matches(stats._finish(o, r, f, blocks, *stats._chunked(o, r, f, blocks)), want)
 
 
-def test_a_loop_that_fails_falls_back_to_the_torch_route(monkeypatch):
+def test_a_loop_that_fails_falls_back_to_the_torch_route():
     """numba present but failing (a CPU or version it cannot compile for): warned once, the same
     statistics from the torch route, and later calls go straight there."""
     pytest.importorskip("numba")
@@ -364,7 +374,8 @@ def test_a_loop_that_fails_falls_back_to_the_torch_route(monkeypatch):
         def chunk(*args):
             raise RuntimeError("no LLVM target")
 
-    monkeypatch.setitem(stats._LOOP, "module", Broken)
-    with pytest.warns(RuntimeWarning, match="compiled CPU loop failed"):
-        _assert_matches(nc.error_stats(out, ref), want)
-    assert stats._LOOP["module"] is None
+    with backend.substitute(stats.CPU_PASS, Broken):
+        with pytest.warns(RuntimeWarning, match="compiled CPU loop failed"):
+            _assert_matches(nc.error_stats(out, ref), want)
+        assert stats._cpu_loop() is None
+    assert stats._cpu_loop() is not None  # the planted pass gone: the real loop again

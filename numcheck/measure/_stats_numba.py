@@ -1,6 +1,6 @@
 """The fused CPU pass of ``stats.error_stats``: one compiled loop (numba) reads out and ref once.
 
-One call takes one 2-D chunk (``stats._chunks``) and leaves, per block of the chunk, the signal
+One call takes one 2-D chunk (``blocks.chunks``) and leaves, per block of the chunk, the signal
 and noise energies and the compared count; for the chunk, the partial sums, maxima and counts,
 and it adds the ULP distances into a histogram. No chunk-sized temporary exists (three
 512-element scratch arrays): the torch route makes ~35 passes over chunk-sized buffers, this one
@@ -16,8 +16,10 @@ and value are decoded from its bits. It serves outputs stored in fmt itself (bf1
 element order in float64 (no fastmath: LLVM neither reassociates nor contracts them into FMAs),
 so the figures do not depend on the CPU's vector width; ULP sums are exact int64.
 
-stats imports this module lazily; where numba is missing or fails to compile, stats keeps its
-torch route (the same statistics, tested equal in tests/test_stats_fast.py).
+stats loads this module through numcheck.measure.backend (the one selector); where numba is
+missing or fails to compile, or the compiled passes are off (NUMCHECK_BACKEND=torch), stats
+keeps its torch route (the same statistics, tested equal in tests/test_stats_fast.py). The
+format constants the loop reads are numcheck.formats' (module globals: numba freezes them).
 """
 from __future__ import annotations
 
@@ -36,6 +38,12 @@ _BITS = {torch.bfloat16: torch.int16, torch.float16: torch.int16, torch.float32:
 _P = 200
 _POW2 = np.array([float.fromhex(f"0x1p{k}") for k in range(-_P, _P + 1)], dtype=np.float64)
 NF, NI = 6, 8  # the float and integer totals _loop leaves (its doc)
+# float64's layout, which the loop decodes the reference from (numba freezes these globals into
+# the compiled code): fraction bits, bias, exponent field, sign position, 1.0's bits
+_F64 = formats.get("fp64")
+_F64_MBITS, _F64_BIAS, _F64_EXP, _F64_FRAC = _F64.mbits, _F64.bias, _F64.exp_mask, _F64.frac_mask
+_F64_SIGN = _F64.bits - 1
+_F64_ONE = _F64.bias << _F64.mbits
 
 
 def supports(dtype: torch.dtype, f: formats.Format) -> bool:
@@ -45,9 +53,8 @@ def supports(dtype: torch.dtype, f: formats.Format) -> bool:
 
 def constants(dtype: torch.dtype, f: formats.Format) -> tuple[int, ...]:
     """(emin, emax, mbits, max_sig, max_ord, has_inf, width) of outputs of ``dtype`` in ``f``."""
-    max_sig = int(f.max * 2.0 ** (f.mbits - f.emax))  # integer significand of fmt's max
-    max_ord = (f.emax - f.emin) * 2**f.mbits + max_sig
-    return f.emin, f.emax, f.mbits, max_sig, max_ord, int(f.has_inf), 8 * dtype.itemsize
+    return (f.emin, f.emax, f.mbits, f.max_significand, f.max_ordinal, int(f.has_inf),
+            8 * dtype.itemsize)
 
 
 def chunk(o: torch.Tensor, r: torch.Tensor, tr: int, tc: int, k: tuple, blk: np.ndarray,
@@ -63,7 +70,7 @@ def chunk(o: torch.Tensor, r: torch.Tensor, tr: int, tc: int, k: tuple, blk: np.
     return fl, it
 
 
-_M = float.fromhex("0x1p52")  # adding and subtracting it rounds to an integer (ties to even)
+_M = float(1 << _F64_MBITS)  # 2^52: adding and subtracting it rounds to an integer (ties to even)
 _S = 512  # elements per step of a block's row segment: the scratch arrays stay in L1
 
 
@@ -111,18 +118,19 @@ def _loop(bits, ref, rbits, tr, tc, emin, emax, mbits, max_sig, max_ord, has_inf
                     mag = w & low_mask
                     k = mag >> mbits  # binade, 0 for subnormals (no implicit bit)
                     sig = (mag & frac_mask) + one * (k > 0)
-                    scale = np.int64((max(k, 1) - 1 + emin - mbits + 1023) << 52).view(np.float64)
+                    scale = np.int64((max(k, 1) - 1 + emin - mbits + _F64_BIAS)
+                                     << _F64_MBITS).view(np.float64)
                     o = np.float64((sig ^ so) - so) * scale
                     r = rr[t]
                     rb = rbb[t]
-                    e = ((rb >> 52) & 0x7FF) - 1023
-                    x = np.int64((rb & 0xFFFFFFFFFFFFF) | 0x3FF0000000000000).view(np.float64)
+                    e = ((rb >> _F64_MBITS) & _F64_EXP) - _F64_BIAS
+                    x = np.int64((rb & _F64_FRAC) | _F64_ONE).view(np.float64)  # 1.fraction
                     # y + 2^52 - 2^52 rounds 0 <= y < 2^52 to an integer, ties to even
                     pn = (e - emin + 1) * one + np.int64(((x - 1.0) * fone + _M) - _M)
                     ps = np.int64((min(abs(r) * sub, _M) + _M) - _M)
                     rmag = pn if e >= emin else ps
                     fin = (mag <= max_ord) & (r - r == 0) & (rmag <= max_ord)
-                    sr = rb >> 63
+                    sr = rb >> _F64_SIGN
                     d = ((mag ^ so) - so) - ((rmag ^ sr) - sr)
                     d = d if fin else 0
                     ov[t] = o if fin else 0.0
@@ -193,7 +201,7 @@ def _classes(code, r, emin, emax, mbits, max_sig, max_ord, has_inf, low_mask, po
         rc = (2 if r > 0 else 3) if has_inf else 1
     else:
         a = abs(r)
-        e = ((np.float64(a).view(np.int64) >> 52) & 0x7FF) - 1023
+        e = ((np.float64(a).view(np.int64) >> _F64_MBITS) & _F64_EXP) - _F64_BIAS
         e = min(max(e, emin), emax + 1)
         st = np.int64(np.rint(a * pow2[mbits - e + _P]))
         if e > emax or (e == emax and st > max_sig):

@@ -12,8 +12,9 @@ scaling, floor, ties to even, the format's own overflow: inf, or NaN where fmt h
 ordinal, class and value decoded from its bits. It serves outputs stored in fmt itself (bf16,
 fp16, fp32, fp8).
 
-stats imports this module only for a CUDA tensor; the tests run the kernel on CPU tensors
-under TRITON_INTERPRET=1 (set before this module is imported).
+stats loads this module through numcheck.measure.backend, only for a CUDA tensor; the tests
+run the kernel on CPU tensors under TRITON_INTERPRET=1 (set before this module is imported).
+The format constants the kernel reads are numcheck.formats' (as tl.constexpr globals).
 """
 from __future__ import annotations
 
@@ -32,6 +33,10 @@ _NF, _NI = 9, 7  # partial floats and ints a program leaves (see totals; lanes l
 # Elements a program handles at once: each holds ~30 float64 values live, and 256 lanes on 4
 # warps (Triton's default) are 2 a thread, within the 255 registers a thread has.
 _LANES = 256
+# float64's layout, from which the kernel takes exponents and builds powers of two (globals a
+# Triton kernel reads must be constexpr): fraction bits and bias
+_F64_MBITS = tl.constexpr(formats.get("fp64").mbits)
+_F64_BIAS = tl.constexpr(formats.get("fp64").bias)
 
 
 def supports(dtype: torch.dtype, f: formats.Format) -> bool:
@@ -44,7 +49,7 @@ def totals(out: torch.Tensor, ref: torch.Tensor, f: formats.Format, grid, top: i
     sum err, sum |err|, sum |ref|, max |err|, sum u, sum d, sum d toward larger magnitude], int64
     [compared, NaN, inf, mismatch, max u, nonzero u], histogram of min(u, top) over the compared
     elements) of contiguous ``out`` and float64 ``ref`` on one device. ``grid`` = (B, R, C, tr,
-    tc): the tensor as B stacks of R x C, tiled by tr x tc blocks (stats._grid)."""
+    tc): the tensor as B stacks of R x C, tiled by tr x tc blocks (blocks.grid)."""
     b, r, c, tr, tc = grid
     rt, ct = triton.cdiv(r, tr), triton.cdiv(c, tc)
     nb = b * rt * ct
@@ -67,9 +72,8 @@ def totals(out: torch.Tensor, ref: torch.Tensor, f: formats.Format, grid, top: i
 
 def constants(dtype: torch.dtype, f: formats.Format, top: int, tc: int) -> dict:
     """The kernel's compile-time constants for outputs of ``dtype`` measured in ``f``."""
-    max_sig = int(f.max * 2.0 ** (f.mbits - f.emax))  # integer significand of fmt's max
-    return dict(EMIN=f.emin, EMAX=f.emax, MBITS=f.mbits, MAX_SIG=max_sig,
-                MAX_ORD=(f.emax - f.emin) * 2**f.mbits + max_sig, HAS_INF=f.has_inf,
+    return dict(EMIN=f.emin, EMAX=f.emax, MBITS=f.mbits, MAX_SIG=f.max_significand,
+                MAX_ORD=f.max_ordinal, HAS_INF=f.has_inf,
                 WIDTH=8 * dtype.itemsize, TOP=top, NBINS=triton.next_power_of_2(top + 1),
                 NF=_NF, NI=_NI, BLOCK_C=max(16, min(_LANES, triton.next_power_of_2(tc))))
 
@@ -77,7 +81,7 @@ def constants(dtype: torch.dtype, f: formats.Format, top: int, tc: int) -> dict:
 @triton.jit
 def _pow2(k):
     """2.0**k, exact, from the bits (k in [-1022, 1023])."""
-    return ((k + 1023) << 52).to(tl.float64, bitcast=True)
+    return ((k + _F64_BIAS) << _F64_MBITS).to(tl.float64, bitcast=True)
 
 
 @triton.jit
@@ -124,7 +128,7 @@ def _kernel(bits_ptr, ref_ptr, blk_ptr, fpart_ptr, ipart_ptr, hist_ptr, nb, R, C
                     r_nan = r != r
                     r_inf = tl.abs(r) == float("inf")
                     a = tl.where(r_nan | r_inf, 0.0, tl.abs(r))
-                    e = (a.to(tl.int64, bitcast=True) >> 52) - 1023
+                    e = (a.to(tl.int64, bitcast=True) >> _F64_MBITS) - _F64_BIAS
                     e = tl.minimum(tl.maximum(e, EMIN), EMAX + 1)
                     q = a * _pow2(MBITS - e)  # exact: a power-of-two scaling
                     low = tl.floor(q)

@@ -19,7 +19,9 @@ Definitions (each also in ErrorStats' field docs):
 How. On CPU, outputs stored in fmt itself (bf16, fp16, fp32, fp8) go through one compiled loop
 (numcheck.measure._stats_numba, numba) that reads each chunk once; on CUDA through one Triton kernel
 (numcheck.measure._stats_triton). Everything else, and those where numba or Triton is missing, takes the
-torch route: each chunk takes one of two routes; all give the statistics defined above.
+torch route, as do all where numcheck.measure.backend, the one selector, has the compiled passes
+off (NUMCHECK_BACKEND=torch; its doc): each chunk takes one of two routes; all give the
+statistics defined above.
 
 * Fast, where out's dtype is fmt itself and its values are exact in fp32 (bf16, fp16, fp32,
   fp8), and the chunk turns out all finite with its reference below fmt's overflow threshold
@@ -48,7 +50,6 @@ import importlib
 import math
 import os
 import threading
-import warnings
 from concurrent.futures import ThreadPoolExecutor
 from typing import NamedTuple
 
@@ -57,19 +58,12 @@ import torch
 
 from numcheck import formats
 from numcheck.errors import UsageError
+from numcheck.measure import backend
+from numcheck.measure.blocks import (chunks, grid, n_blocks, tile_sizes, tile_sums,
+                                     tile_sumsq)
 from numcheck.measure.errorstats import ErrorStats
 
-DEFAULT_BLOCK = 1024  # flat block size when the caller gives none: 1 bad element in 1024 costs >= 30 dB
 BLOCK_ENERGY_EPS = 1e-4  # low-energy floor: blocks 40 dB below the median block are judged at that level
-# Elements per CPU step (one worker thread's job). The fast route makes ~35 torch calls a chunk,
-# each a pass over its ~20 bytes an element of buffers and ~3 us of dispatch: 2^17 measured
-# fastest on an AMD EPYC (512 KiB L2 a core), 8.4 ns an element on one thread, 9.7 at 2^18;
-# under load 11.1 against 13.0 at 2^16.
-_CHUNK = 1 << 17
-# The CUDA fallback (no Triton): each step is a few dozen kernel launches and host syncs; 2^17
-# measured 150x slower than assert_close on an H200 and 2^21 24x, but 2^21 peaked at 209 MiB
-# (> 3x a 64 MiB output); 2^20 halves the temporaries (~15 x 8 MiB).
-_CHUNK_CUDA = 1 << 20
 _DIGIT = 16  # radix-select digit width for the exact p99
 _ROW = 64  # the fast route sets rare elements aside with their rows of (at most) this many
 _SMALL = 2  # a chunk whose ULP distances are all <= 2 has its histogram from three counts
@@ -77,114 +71,6 @@ _INT32_MIN = -(1 << 31)
 # Output dtypes whose every value is exact in fp32 (the fast route's out * s).
 _FP32_EXACT = (torch.bfloat16, torch.float16, torch.float32, torch.float8_e4m3fn,
                torch.float8_e5m2)
-
-
-def _block_spec(shape: torch.Size, blocks) -> tuple[int, int, int, int, int]:
-    """(B, R, C, tr, tc): the tensor seen as B stacks of R x C, tiled by tr x tc blocks."""
-    n = math.prod(shape)
-    if blocks is None:
-        return 1, 1, n, 1, DEFAULT_BLOCK
-    if isinstance(blocks, int):
-        blocks = (blocks,)
-    blocks = tuple(int(b) for b in blocks)
-    if not 1 <= len(blocks) <= 2 or min(blocks) < 1:
-        raise UsageError(f"blocks={blocks!r}: give a positive block length along the last dim "
-                         "(e.g. 32 for MX) or a (rows, cols) tile over the last two dims")
-    if len(shape) < len(blocks):
-        raise UsageError(f"blocks={blocks!r} needs a tensor of at least {len(blocks)} dims, "
-                         f"got shape {tuple(shape)}")
-    c = shape[-1] if shape else 1
-    if len(blocks) == 1:
-        return 1, n // max(c, 1), c, 1, blocks[0]
-    r = shape[-2]
-    return n // max(r * c, 1), r, c, blocks[0], blocks[1]
-
-
-def _grid(shape: torch.Size, blocks) -> tuple[int, int, int, int, int]:
-    """_block_spec with stacks folded into rows where no tile is split (fewer, bigger chunks)."""
-    b, r, c, tr, tc = _block_spec(shape, blocks)
-    if tr == 1 or r % tr == 0:
-        r, b = r * b, 1
-    return b, r, c, tr, tc
-
-
-def _n_blocks(shape: torch.Size, blocks) -> int:
-    b, r, c, tr, tc = _grid(shape, blocks)
-    return b * -(-r // tr) * -(-c // tc)
-
-
-def _tile_sizes(shape: torch.Size, blocks) -> torch.Tensor:
-    """Elements per block (ragged edge blocks are smaller), flat, in block order; float64."""
-    b, r, c, tr, tc = _grid(shape, blocks)
-    rows = torch.full((-(-r // tr),), float(tr), dtype=torch.float64)
-    cols = torch.full((-(-c // tc),), float(tc), dtype=torch.float64)
-    rows[-1:] = r - (rows.numel() - 1) * tr
-    cols[-1:] = c - (cols.numel() - 1) * tc
-    return torch.outer(rows, cols).flatten().repeat(b)
-
-
-def _chunks(out: torch.Tensor, ref: torch.Tensor, blocks, chunk: int | None = None):
-    """Yield (out_chunk, ref_chunk, (tr, tc)): 2-D views (copies if strided).
-
-    Chunks hold whole tiles and come in row-major tile order, so the tiles of consecutive chunks
-    concatenate to the row-major tile grid.
-    """
-    if out.numel() == 0:
-        return
-    b, r, c, tr, tc = _grid(out.shape, blocks)
-    o3, r3 = out.reshape(b, r, c), ref.reshape(b, r, c)
-    chunk = chunk or (_CHUNK_CUDA if out.device.type == "cuda" else _CHUNK)
-    if c * tr <= chunk:
-        cstep = c
-        rstep = max(tr, (chunk // max(c, 1)) // tr * tr)
-    else:
-        cstep, rstep = max(tc, chunk // tr // tc * tc), tr
-    for i in range(b):
-        for r0 in range(0, r, rstep):
-            for c0 in range(0, c, cstep):
-                yield (o3[i, r0:r0 + rstep, c0:c0 + cstep], r3[i, r0:r0 + rstep, c0:c0 + cstep],
-                       (tr, tc))
-
-
-def _tile_sums(x: torch.Tensor, tr: int, tc: int) -> torch.Tensor:
-    """Sum x (rows x cols) over tr x tc tiles, zero-padding ragged edges; flat, row-major."""
-    rows, cols = x.shape
-    pr, pc = -rows % tr, -cols % tc
-    if pr or pc:
-        x = torch.nn.functional.pad(x, (0, pc, 0, pr))
-    return x.reshape((rows + pr) // tr, tr, (cols + pc) // tc, tc).sum(dim=(1, 3)).flatten()
-
-
-def _tile_sumsq(x: torch.Tensor, tr: int, tc: int, out: torch.Tensor) -> None:
-    """out[:] = sums of x^2 over x's tr x tc tiles, without a temporary where the tiles fit."""
-    rows, cols = x.shape
-    if rows % tr or cols % tc:
-        out.copy_(_tile_sums(x * x, tr, tc))
-        return
-    if tr == 1 and x.is_contiguous():  # one reduced dim: 4x less dispatch than two
-        torch.linalg.vector_norm(x.view(-1, tc), dim=-1, out=out)
-    else:
-        torch.linalg.vector_norm(x.view(rows // tr, tr, cols // tc, tc), dim=(1, 3),
-                                 out=out.view(rows // tr, cols // tc))
-    out.square_()
-
-
-def block_sums(x: torch.Tensor, blocks=None) -> torch.Tensor:
-    """Sums of ``x`` over the blocks ``error_stats`` uses (``blocks`` as there), flat and in
-    the same row-major order as ``ErrorStats.worst_block``."""
-    b, r, c, tr, tc = _grid(x.shape, blocks)
-    x3 = x.reshape(b, r, c)
-    return torch.cat([_tile_sums(x3[i], tr, tc) for i in range(b)]) if b else x.new_zeros(0)
-
-
-def block_index(shape: torch.Size, blocks=None) -> torch.Tensor:
-    """The flat block index (``block_sums`` order) of every element of a tensor of ``shape``."""
-    b, r, c, tr, tc = _grid(shape, blocks)
-    rt, ct = -(-r // tr), -(-c // tc)
-    rows = torch.arange(r).div(tr, rounding_mode="floor").view(1, r, 1)
-    cols = torch.arange(c).div(tc, rounding_mode="floor").view(1, 1, c)
-    stack = torch.arange(b).view(b, 1, 1)
-    return (stack * rt * ct + rows * ct + cols).reshape(shape)
 
 
 def _out_ordinal(o: torch.Tensor, o64: torch.Tensor, f: formats.Format) -> torch.Tensor:
@@ -315,8 +201,8 @@ def _fast_chunk(o, r, route: _Route, tr, tc, parts, buf: _Buffers, hist: _Hist) 
     e.copy_(o1)
     dot, o2 = torch.dot(e, r1), torch.dot(e, e)
     e.sub_(r1)  # out - ref
-    _tile_sumsq(r, tr, tc, parts[0])
-    _tile_sumsq(e.view(o.shape), tr, tc, parts[1])
+    tile_sumsq(r, tr, tc, parts[0])
+    tile_sumsq(e.view(o.shape), tr, tc, parts[1])
     s_err = e.sum()
     s_abs = e.abs_().sum().item()
     max_abs = e.max()
@@ -392,8 +278,8 @@ def _general_totals(o, r, f: formats.Format, tr: int, tc: int, top: int = (1 << 
     err = torch.where(fin, o64 - r64, 0.0)
     sig = torch.where(fin, r64, 0.0)
     ov = torch.where(fin, o64, 0.0)
-    blocks = torch.stack([_tile_sums(sig * sig, tr, tc), _tile_sums(err * err, tr, tc),
-                          _tile_sums(fin.to(torch.float64), tr, tc)])
+    blocks = torch.stack([tile_sums(sig * sig, tr, tc), tile_sums(err * err, tr, tc),
+                          tile_sums(fin.to(torch.float64), tr, tc)])
     u = d.abs()
     # float64 sums of the ULP distances: fp64's reach 2^63, an int64 sum could wrap
     floats = torch.stack([(ov * sig).sum(), (ov * ov).sum(), err.sum(), err.abs().sum(),
@@ -439,11 +325,11 @@ def _measure_set_aside(parts: list[_Part], f: formats.Format, hist: _Hist) -> _P
 def _chunked(out: torch.Tensor, ref: torch.Tensor, f: formats.Format, blocks):
     """The chunked pass: (per-chunk parts, histogram, per-block [signal, noise, count] sums)."""
     hist = _Hist(out.device)
-    blk = torch.zeros(3, _n_blocks(out.shape, blocks), dtype=torch.float64, device=out.device)
-    blk[2] = _tile_sizes(out.shape, blocks)  # the fast route's counts; the general route's own
+    blk = torch.zeros(3, n_blocks(out.shape, blocks), dtype=torch.float64, device=out.device)
+    blk[2] = tile_sizes(out.shape, blocks)  # the fast route's counts; the general route's own
     route = _fast_route(out.dtype, f, out.device) if out.numel() else None
     jobs, at = [], 0
-    for o, r, (tr, tc) in _chunks(out, ref, blocks):
+    for o, r, (tr, tc) in chunks(out, ref, blocks):
         k = -(-o.shape[0] // tr) * -(-o.shape[1] // tc)
         jobs.append((o, r, tr, tc, blk[:, at:at + k]))
         at += k
@@ -476,10 +362,10 @@ def _compiled_cpu(out: torch.Tensor, ref: torch.Tensor, f: formats.Format, block
             type(out) is not torch.Tensor or type(ref) is not torch.Tensor:  # noqa: E721
         return None  # (a tensor subclass may not hand its memory to numpy: the torch route)
     k = loop.constants(out.dtype, f)
-    blk = torch.zeros(3, _n_blocks(out.shape, blocks), dtype=torch.float64)
+    blk = torch.zeros(3, n_blocks(out.shape, blocks), dtype=torch.float64)
     hist = _Hist(out.device, _CPU_BINS)
     jobs, at = [], 0
-    for o, r, (tr, tc) in _chunks(out.detach(), ref.detach(), blocks, _LOOP_CHUNK):
+    for o, r, (tr, tc) in chunks(out.detach(), ref.detach(), blocks, _LOOP_CHUNK):
         nb = -(-o.shape[0] // tr) * -(-o.shape[1] // tc)
         jobs.append((o, r, tr, tc, blk[:, at:at + nb]))
         at += nb
@@ -499,9 +385,9 @@ def _compiled_cpu(out: torch.Tensor, ref: torch.Tensor, f: formats.Format, block
     try:
         return list(_map(one, jobs, out.device)), hist, blk
     except Exception as exc:  # noqa: BLE001 - numba that cannot compile here: the torch route
-        _LOOP["module"] = None  # for the rest of the process: a compile failure does not heal
-        warnings.warn(f"numcheck.error_stats: the compiled CPU loop failed ({type(exc).__name__}:"
-                      f" {exc}); using the torch route", RuntimeWarning, stacklevel=3)
+        # off for the rest of the process: a compile failure does not heal
+        backend.broken(CPU_PASS, f"numcheck.error_stats: the compiled CPU loop failed "
+                       f"({type(exc).__name__}: {exc}); using the torch route", stacklevel=3)
         return None
 
 
@@ -511,23 +397,17 @@ _CPU_BINS = 4096
 # Elements per job of the compiled loop: enough jobs for every thread, few enough that the
 # ~30 us of Python around each stays below 1% of its ~3 ms.
 _LOOP_CHUNK = 1 << 19
-_LOOP: dict = {}  # "module": numcheck.measure._stats_numba, or None where numba is missing or failed
+# The compiled passes' kinds for numcheck.measure.backend, the one selector (its doc: the switch
+# that turns them off, NUMCHECK_BACKEND=torch, and the substitutes tests plant).
+CPU_PASS = "stats-cpu"  # numcheck.measure._stats_numba
+CUDA_PASS = "stats-cuda"  # numcheck.measure._stats_triton
 
 
 def _cpu_loop():
-    return _optional(_LOOP, "measure._stats_numba", "no numba ({}); CPU tensors take the slower torch route")
-
-
-def _optional(cache: dict, name: str, missing: str):
-    """numcheck.<name> once imported, or None (warned once) where its compiler is missing."""
-    if "module" not in cache:
-        try:
-            cache["module"] = importlib.import_module(f"numcheck.{name}")
-        except ImportError as exc:
-            warnings.warn(f"numcheck.error_stats: {missing.format(exc)}", RuntimeWarning,
-                          stacklevel=4)
-            cache["module"] = None
-    return cache["module"]
+    """numcheck.measure._stats_numba, or None (numba missing: warned once; off; broken)."""
+    return backend.load(CPU_PASS, lambda: importlib.import_module("numcheck.measure._stats_numba"),
+                        "numcheck.error_stats: no numba ({}); CPU tensors take the slower torch "
+                        "route", stacklevel=3)
 
 
 def _map(fn, jobs: list, device: torch.device):
@@ -581,12 +461,11 @@ def _fused(out: torch.Tensor, ref: torch.Tensor, f: formats.Format, blocks):
             out.numel() == 0 or not (out.is_contiguous() and ref.is_contiguous()):
         return None
     try:
-        blk, floats, ints, bins = kernel.totals(out, ref, f, _grid(out.shape, blocks),
+        blk, floats, ints, bins = kernel.totals(out, ref, f, grid(out.shape, blocks),
                                                 _FUSED_BINS - 1)
     except Exception as exc:  # noqa: BLE001 - a GPU or Triton the kernel does not build on
-        _KERNEL["module"] = None
-        warnings.warn(f"numcheck.error_stats: the fused CUDA kernel failed ({type(exc).__name__}:"
-                      f" {exc}); using the chunked path", RuntimeWarning, stacklevel=3)
+        backend.broken(CUDA_PASS, f"numcheck.error_stats: the fused CUDA kernel failed "
+                       f"({type(exc).__name__}: {exc}); using the chunked path", stacklevel=3)
         return None
     hist = _Hist(out.device, _FUSED_BINS)
     hist.bins[0] = bins
@@ -596,11 +475,14 @@ def _fused(out: torch.Tensor, ref: torch.Tensor, f: formats.Format, blocks):
 # The fused kernel's histogram: u < 511 exactly, a p99 beyond (a broken kernel) takes the radix
 # passes. Its bins are per-program registers, added into global memory at the end.
 _FUSED_BINS = 512
-_KERNEL: dict = {}  # "module": numcheck.measure._stats_triton, or None where Triton is missing or failed
 
 
 def _cuda_kernel():
-    return _optional(_KERNEL, "measure._stats_triton", "no Triton ({}); CUDA tensors take the chunked path")
+    """numcheck.measure._stats_triton, or None (Triton missing: warned once; off; broken)."""
+    return backend.load(CUDA_PASS,
+                        lambda: importlib.import_module("numcheck.measure._stats_triton"),
+                        "numcheck.error_stats: no Triton ({}); CUDA tensors take the chunked "
+                        "path", stacklevel=3)
 
 
 def error_stats(out: torch.Tensor, ref: torch.Tensor, fmt=None, *, blocks=None) -> ErrorStats:
@@ -621,7 +503,7 @@ def error_stats(out: torch.Tensor, ref: torch.Tensor, fmt=None, *, blocks=None) 
         raise UsageError(f"error_stats: out has dtype {out.dtype}; give a floating-point output")
     f = formats.get(fmt if fmt is not None else out.dtype)
     ref = ref.to(out.device)
-    _n_blocks(out.shape, blocks)  # a bad blocks= is a UsageError before any work
+    n_blocks(out.shape, blocks)  # a bad blocks= is a UsageError before any work
     fused = _fused(out, ref, f, blocks) if out.is_cuda else _compiled_cpu(out, ref, f, blocks)
     parts, hist, blk = fused if fused is not None else _chunked(out, ref, f, blocks)
     return _finish(out, ref, f, blocks, parts, hist, blk)
@@ -743,6 +625,6 @@ def _p99(out, ref, f, blocks, n: int, max_u: int, hist: numpy.ndarray) -> int:
 def _abs_ulps(out, ref, f, blocks):
     """|ULP| of the compared elements, chunk by chunk, by the general route (for the rare extra
     passes)."""
-    for o, r, _ in _chunks(out, ref, blocks):
+    for o, r, _ in chunks(out, ref, blocks):
         oc, rc, d = _general_d(o, o.to(torch.float64), r.to(torch.float64), f)
         yield d[(oc == 0) & (rc == 0)].abs()

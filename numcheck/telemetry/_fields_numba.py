@@ -28,23 +28,42 @@ min_nonzero that ``NonFinite.inputs`` shows), at about half the full pass's cost
 ``sqnr`` is ``fields.sqnr_pair``'s two sums (signal and error energy against a float64
 reference) in one loop, the same four-way order, hence the same tolerance.
 
-watcher.py imports this module lazily; where numba is missing or fails to compile, the torch
-route runs (with one warning), as numcheck.measure._stats_numba does for error_stats.
+Telemetry loads this module lazily, through numcheck.measure.backend (the one selector); where
+numba is missing or fails to compile, the torch route runs (with one warning), as
+numcheck.measure._stats_numba does for error_stats. The format constants the loops read
+(+inf's bits, the magnitude masks, fp16's fields) are numcheck.formats'.
 """
 from __future__ import annotations
 
 import numpy as np
 import torch
 
+from numcheck import formats
 from numcheck.measure.backend import njit
 
+# The formats' exact constants (numcheck.formats), as module globals: numba freezes them into
+# the compiled loops.
+_F64, _F32 = formats.get("fp64"), formats.get("fp32")
+_BF16, _FP16 = formats.get("bf16"), formats.get("fp16")
 # dtype -> (the integer view the count loop reads, +inf's bits, the magnitude mask)
 _BITS = {
-    torch.float64: (torch.int64, 0x7FF0000000000000, 0x7FFFFFFFFFFFFFFF),
-    torch.float32: (torch.int32, 0x7F800000, 0x7FFFFFFF),
-    torch.bfloat16: (torch.int16, 0x7F80, 0x7FFF),
-    torch.float16: (torch.int16, 0x7C00, 0x7FFF),
+    torch.float64: (torch.int64, _F64.inf_bits, _F64.abs_mask),
+    torch.float32: (torch.int32, _F32.inf_bits, _F32.abs_mask),
+    torch.bfloat16: (torch.int16, _BF16.inf_bits, _BF16.abs_mask),
+    torch.float16: (torch.int16, _FP16.inf_bits, _FP16.abs_mask),
 }
+_F32_INF, _F32_ABS = _F32.inf_bits, _F32.abs_mask
+_BF16_INF, _FP16_INF = _BF16.inf_bits, _FP16.inf_bits
+_HALF_ABS = _BF16.abs_mask  # bf16's and fp16's alike: 15 bits under the sign
+assert _FP16.abs_mask == _HALF_ABS
+_BF16_SHIFT = _F32.bits - _BF16.bits  # bf16 is float32's top half
+# fp16 -> float64: binade and fraction (its field widths), rebiased, the fraction moved to the
+# top of float64's; subnormals are fraction x 2^-24 (fp16's smallest subnormal)
+_FP16_MBITS, _FP16_FRAC = _FP16.mbits, _FP16.frac_mask
+_FP16_REBIAS = _F64.bias - _FP16.bias
+_F64_MBITS = _F64.mbits
+_FP16_FRAC_SHIFT = _F64.mbits - _FP16.mbits
+_FP16_TINY = _FP16.min_subnormal
 # the memory views torch.Tensor.numpy() hands over without a copy (a Parameter's detach() is
 # a plain Tensor; any other subclass may not own plain memory: the torch route)
 _PLAIN = (torch.Tensor, torch.nn.Parameter)
@@ -211,11 +230,11 @@ def _sumsq(v, finite):
 @njit(error_model="numpy")
 def _float_pass(v, b, inf, mask, sums):
     """float32 / float64: (n_nan, n_inf, n_zero, amax, min_nonzero, sum_sq or NaN)."""
-    if mask == 0x7FFFFFFF and b.shape[0] < 2**31:
-        nn, ni, nz, mx, mn = _counts_i32(b, 0x7F800000, 0x7FFFFFFF)
+    if mask == _F32_ABS and b.shape[0] < 2**31:
+        nn, ni, nz, mx, mn = _counts_i32(b, _F32_INF, _F32_ABS)
     else:
         nn, ni, nz, mx, mn = _counts(b, inf, mask)
-    if mask > 0x7FFFFFFF:  # float64: the extreme magnitudes' bits, decoded by a view
+    if mask > _F32_ABS:  # float64: the extreme magnitudes' bits, decoded by a view
         amax, mnz = np.int64(mx).view(np.float64), np.int64(mn).view(np.float64)
     else:
         amax = np.float64(np.int32(mx).view(np.float32))
@@ -228,17 +247,18 @@ def _float_pass(v, b, inf, mask, sums):
 @njit(inline="always")
 def _bf16_value(m):
     """The float64 value of a bf16 magnitude (bits without the sign): float32's top half."""
-    return np.float64(np.int32(m << 16).view(np.float32))
+    return np.float64(np.int32(m << _BF16_SHIFT).view(np.float32))
 
 
 @njit(inline="always")
 def _fp16_value(m):
     """The float64 value of a finite fp16 magnitude: binade e, fraction f; 2^(e-15) (1 + f/2^10),
     subnormals (e = 0) f 2^-24 (exact in float64)."""
-    e = m >> 10
-    f = m & 0x3FF
-    normal = np.int64(((e + 1008) << 52) | (f << 42)).view(np.float64)
-    return normal if e > 0 else np.float64(f) * 5.9604644775390625e-08  # 2^-24
+    e = m >> _FP16_MBITS
+    f = m & _FP16_FRAC
+    normal = np.int64(((e + _FP16_REBIAS) << _F64_MBITS) | (f << _FP16_FRAC_SHIFT)).view(
+        np.float64)
+    return normal if e > 0 else np.float64(f) * _FP16_TINY
 
 
 _S16 = 256  # elements per decoded stretch of _sum16 (a multiple of 4: lanes stay i mod 4)
@@ -257,11 +277,11 @@ def _sum16(b, bf16, inf):
         k = min(_S16, n - i0)
         if bf16:
             for t in range(k):
-                m = np.int32(b[i0 + t]) & 0x7FFF
+                m = np.int32(b[i0 + t]) & _HALF_ABS
                 buf[t] = _bf16_value(m) if m < inf else 0.0
         else:
             for t in range(k):
-                m = np.int32(b[i0 + t]) & 0x7FFF
+                m = np.int32(b[i0 + t]) & _HALF_ABS
                 buf[t] = _fp16_value(m) if m < inf else 0.0
         q = k - k % 4
         for t in range(0, q, 4):
@@ -284,11 +304,11 @@ def _sum16(b, bf16, inf):
 @njit(error_model="numpy")
 def _half_pass(b, bf16, sums):
     """bf16 (``bf16``) or fp16 bits: (n_nan, n_inf, n_zero, amax, min_nonzero, sum_sq or NaN)."""
-    inf = 0x7F80 if bf16 else 0x7C00
+    inf = _BF16_INF if bf16 else _FP16_INF
     if b.shape[0] < 2**31:
-        nn, ni, nz, mx, mn = _counts_i32(b, inf, 0x7FFF)
+        nn, ni, nz, mx, mn = _counts_i32(b, inf, _HALF_ABS)
     else:
-        nn, ni, nz, mx, mn = _counts(b, inf, 0x7FFF)
+        nn, ni, nz, mx, mn = _counts(b, inf, _HALF_ABS)
     amax = _bf16_value(mx) if bf16 else _fp16_value(mx)
     mnz = np.inf if mn == inf else _bf16_value(mn) if bf16 else _fp16_value(mn)
     return (np.float64(nn), np.float64(ni), np.float64(nz), amax, mnz,

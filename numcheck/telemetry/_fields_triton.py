@@ -24,9 +24,10 @@ Every function writes one row of fields per program (a tensor up to ``_PER`` ele
 by fields.FIELDS' rules into the tensor's row, which ``Telemetry._flush`` does on the host
 after the step's one read-back. Launches go to the tensor's own device and its current stream.
 
-watcher.py imports this module only for a CUDA tensor (and the tests, on CPU tensors, under
-Triton's interpreter); where Triton is missing or a kernel fails, the torch route runs (warned
-once), as numcheck.measure._stats_triton does for error_stats.
+Telemetry loads this module only for a CUDA tensor, through numcheck.measure.backend (and the
+tests, on CPU tensors, under Triton's interpreter); where Triton is missing or a kernel fails,
+the torch route runs (warned once), as numcheck.measure._stats_triton does for error_stats. The
+format constants the kernels read are numcheck.formats' and quant/mx.py's (tl.constexpr).
 """
 from __future__ import annotations
 
@@ -36,15 +37,36 @@ import torch
 import triton
 import triton.language as tl
 
+from numcheck import formats
+from numcheck.quant.mx import E8M0_EMAX, E8M0_EMIN, NAN_EXP
 from numcheck.telemetry import fields
 
+_F64, _F32 = formats.get("fp64"), formats.get("fp32")
+_BF16, _FP16 = formats.get("bf16"), formats.get("fp16")
 # dtype -> (integer view the kernel reads, +inf's bits, the magnitude mask)
 _BITS = {
-    torch.float64: (torch.int64, 0x7FF0000000000000, 0x7FFFFFFFFFFFFFFF),
-    torch.float32: (torch.int32, 0x7F800000, 0x7FFFFFFF),
-    torch.bfloat16: (torch.int16, 0x7F80, 0x7FFF),
-    torch.float16: (torch.int16, 0x7C00, 0x7FFF),
+    torch.float64: (torch.int64, _F64.inf_bits, _F64.abs_mask),
+    torch.float32: (torch.int32, _F32.inf_bits, _F32.abs_mask),
+    torch.bfloat16: (torch.int16, _BF16.inf_bits, _BF16.abs_mask),
+    torch.float16: (torch.int16, _FP16.inf_bits, _FP16.abs_mask),
 }
+# The formats' exact constants the kernels read (globals a Triton kernel reads must be
+# constexpr): float64's layout (exponents from its bits, powers of two built there); bf16 is
+# float32's top half; fp16's fraction bits and mask, its implicit bit, and the exponent that
+# scales a code's significand (bias + mbits: its smallest subnormal is 2^-24); fp32's max (the
+# NVFP4 and MX rceil scales clamp there); E8M0's exponent range and NaN code (quant/mx.py).
+_F64_MBITS = tl.constexpr(_F64.mbits)
+_F64_BIAS = tl.constexpr(_F64.bias)
+_F64_FRAC = tl.constexpr(_F64.frac_mask)
+_BF16_SHIFT = tl.constexpr(_F32.bits - _BF16.bits)
+_FP16_MBITS = tl.constexpr(_FP16.mbits)
+_FP16_FRAC = tl.constexpr(_FP16.frac_mask)
+_FP16_ONE = tl.constexpr(float(1 << _FP16.mbits))
+_FP16_SCALE = tl.constexpr(_FP16.bias + _FP16.mbits)
+_FP32_MAX = tl.constexpr(_F32.max)
+_E8M0_EMIN = tl.constexpr(E8M0_EMIN)
+_E8M0_EMAX = tl.constexpr(E8M0_EMAX)
+_E8M0_NAN = tl.constexpr(NAN_EXP)
 _PER = 1 << 16     # elements per program at least: tensors up to it take one program
 _PROGRAMS = 128    # at most, beyond that a program takes more (an H200 has 132 SMs)
 _LANES = 1024      # elements a program reads at once (4 warps, 8 per thread)
@@ -54,7 +76,8 @@ NF = 8             # fields per row: fields.PLAIN
 def handles(t: torch.Tensor) -> bool:
     """A dense tensor of a dtype the kernel reads, not a subclass, not negative (the integer
     view would read the stored bits, not the values). On CUDA, or any device under Triton's
-    interpreter (the tests' CPU tensors): watcher.py asks for this module by device."""
+    interpreter (the tests' CPU tensors): passes.py asks numcheck.measure.backend for this
+    module by device (kind telemetry-cuda; telemetry-cuda-on-cpu, which a test substitutes)."""
     return t.dtype in _BITS and type(t) in (torch.Tensor, torch.nn.Parameter) and \
         t.layout is torch.strided and not t.is_neg() and t.numel() > 0
 
@@ -105,12 +128,13 @@ def _value(mag, INF: tl.constexpr, WIDTH: tl.constexpr, BF16: tl.constexpr):
     elif WIDTH == 32:
         v = mag.to(tl.float32, bitcast=True).to(tl.float64)
     elif BF16:
-        v = (mag << 16).to(tl.float32, bitcast=True).to(tl.float64)
+        v = (mag << _BF16_SHIFT).to(tl.float32, bitcast=True).to(tl.float64)
     else:  # fp16: binade and fraction; subnormals fraction x 2^-24
-        e = mag >> 10
-        f = (mag & 0x3FF).to(tl.float64)
-        v = tl.where(e == 0, f, f + 1024.0) * \
-            ((tl.maximum(e, 1) - 25 + 1023).to(tl.int64) << 52).to(tl.float64, bitcast=True)
+        e = mag >> _FP16_MBITS
+        f = (mag & _FP16_FRAC).to(tl.float64)
+        v = tl.where(e == 0, f, f + _FP16_ONE) * \
+            ((tl.maximum(e, 1) - _FP16_SCALE + _F64_BIAS).to(tl.int64)
+             << _F64_MBITS).to(tl.float64, bitcast=True)
     return v
 
 
@@ -230,7 +254,6 @@ def mx_rows(t: torch.Tensor, fmt) -> torch.Tensor:
     step for step: the E8M0 exponent from the float64 bits of the block's finite amax (floor),
     or the fp32 quotient amax / max rounded up to a power of two (rceil), clamped to
     [-127, 127]; a block holding NaN or Inf gets the NaN code and decodes to NaN."""
-    from numcheck import formats
     f = formats.get(fmt.elem)
     return _block_rows(t, 1, int(fmt.block), f, NV=False, RCEIL=fmt.scale_mode == "rceil")
 
@@ -244,7 +267,6 @@ def nvfp4_rows(t: torch.Tensor, fmt) -> torch.Tensor:
     (tile amax x enc) / 6, e2m1 elements of x / (block scale x dec), a zero scale flushing the
     tile). blk_log2_min/max's columns hold the smallest and largest decode scale (log2_extremes
     makes them torch's log2 after the read-back); the log2 sums take Triton's log2."""
-    from numcheck import formats
     from numcheck.quant.nvfp4 import NVFP4_BLOCK
     tr = NVFP4_BLOCK if fmt.two_d else 1
     return _block_rows(t, tr, NVFP4_BLOCK, formats.get("e2m1"), NV=True, RCEIL=False)
@@ -254,7 +276,6 @@ def _block_rows(t: torch.Tensor, tr: int, tc: int, f, NV: bool, RCEIL: bool) -> 
     """t as (rows, last dim) in tiles of tr x tc, zero-padded as quant_stats pads (lanes past
     the last row or column read as zeros: elements of their block, which a NaN block decodes
     to NaN like the others), each element of format f."""
-    from numcheck import formats
     from numcheck.quant.nvfp4 import E2M1_MAX, TENSOR_RANGE
     x = t.detach()
     if not x.is_contiguous():
@@ -294,7 +315,7 @@ def _signed(raw, mag, INF: tl.constexpr, WIDTH: tl.constexpr, BF16: tl.constexpr
     elif WIDTH == 32:
         v = raw.to(tl.float32, bitcast=True).to(tl.float64)
     elif BF16:
-        v = (raw.to(tl.int32) << 16).to(tl.float32, bitcast=True).to(tl.float64)
+        v = (raw.to(tl.int32) << _BF16_SHIFT).to(tl.float32, bitcast=True).to(tl.float64)
     else:
         a = _abs_value(mag, INF, WIDTH, BF16)
         v = tl.where(raw < 0, -a, a)
@@ -304,7 +325,7 @@ def _signed(raw, mag, INF: tl.constexpr, WIDTH: tl.constexpr, BF16: tl.constexpr
 @triton.jit
 def _pow2(k):
     """2.0**k, exact, from the bits (k in [-1022, 1023])."""
-    return ((k + 1023).to(tl.int64) << 52).to(tl.float64, bitcast=True)
+    return ((k + _F64_BIAS).to(tl.int64) << _F64_MBITS).to(tl.float64, bitcast=True)
 
 
 @triton.jit
@@ -314,9 +335,9 @@ def _rne_sat(y, EMIN: tl.constexpr, EMAX: tl.constexpr, MBITS: tl.constexpr,
     c = 2^(exponent - MBITS), the exponent clamped to [EMIN, EMAX + 1]; then at most FMAX (NaN
     stays NaN), the sign put back."""
     a = tl.abs(y)
-    b = a.to(tl.int64, bitcast=True) >> 52
-    b = tl.minimum(tl.maximum(b, EMIN + 1023), EMAX + 1024)
-    c = ((b + 52 - MBITS) << 52).to(tl.float64, bitcast=True)
+    b = a.to(tl.int64, bitcast=True) >> _F64_MBITS
+    b = tl.minimum(tl.maximum(b, EMIN + _F64_BIAS), EMAX + 1 + _F64_BIAS)
+    c = ((b + _F64_MBITS - MBITS) << _F64_MBITS).to(tl.float64, bitcast=True)
     m = (a + c) - c
     m = tl.where(m > FMAX, FMAX, m)
     return tl.where(y < 0, -m, m)
@@ -352,7 +373,7 @@ def _blocks(bits_ptr, cell_ptr, ncells, out_ptr, rows, cols, nbr, ntiles, per,
             top_bits = top_bits.to(tl.int32)
         tamax = _abs_value(top_bits, INF, WIDTH, BF16)
         enc = (RANGE / tamax).to(tl.float32).to(tl.float64)
-        enc = tl.where(enc > 3.4028234663852886e38, 3.4028234663852886e38, enc)
+        enc = tl.where(enc > _FP32_MAX, _FP32_MAX, enc)
         dec = (tamax / RANGE).to(tl.float32).to(tl.float64)
         enc = tl.where(tamax == 0, 1.0, enc)
         dec = tl.where(tamax == 0, 1.0, dec)
@@ -396,13 +417,13 @@ def _blocks(bits_ptr, cell_ptr, ncells, out_ptr, rows, cols, nbr, ntiles, per,
         else:
             if RCEIL:
                 qq = (amax / FMAX).to(tl.float32)
-                qq = tl.where(qq == float("inf"), 3.4028234663852886e38, qq.to(tl.float64))
+                qq = tl.where(qq == float("inf"), _FP32_MAX, qq.to(tl.float64))
                 qb = qq.to(tl.int64, bitcast=True)
-                e = (qb >> 52) - 1023 + ((qb & 0xFFFFFFFFFFFFF) != 0).to(tl.int64)
+                e = (qb >> _F64_MBITS) - _F64_BIAS + ((qb & _F64_FRAC) != 0).to(tl.int64)
             else:
-                e = (amax.to(tl.int64, bitcast=True) >> 52) - 1023 - EMAX
-            e = tl.minimum(tl.maximum(e, -127), 127)
-            e = tl.where(bad, 128, e)   # the NaN code
+                e = (amax.to(tl.int64, bitcast=True) >> _F64_MBITS) - _F64_BIAS - EMAX
+            e = tl.minimum(tl.maximum(e, _E8M0_EMIN), _E8M0_EMAX)
+            e = tl.where(bad, _E8M0_NAN, e)   # the NaN code
             s = _pow2(e)
             q = _rne_sat(v * _pow2(-e)[:, None], EMIN, EMAX, MBITS, FMAX) * s[:, None]
             q = tl.where(bad[:, None], float("nan"), q)
@@ -411,7 +432,7 @@ def _blocks(bits_ptr, cell_ptr, ncells, out_ptr, rows, cols, nbr, ntiles, per,
             scaled = live   # a live MX block's scale is a finite power of two
             l2 = e.to(tl.float64)
             ext = l2
-            at_end = (e >= 127) | (e <= -127)
+            at_end = (e >= _E8M0_EMAX) | (e <= _E8M0_EMIN)
         fv = m & fin
         sq = tl.where(fv, v * v, 0.0)
         d = q - v

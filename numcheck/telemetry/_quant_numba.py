@@ -41,7 +41,11 @@ smallest and largest scale exactly and ``torch.log2`` of those two gives ``blk_l
 
 Anything else (another QuantFormat, a dtype other than fp32/bf16/fp16/fp64, a tensor not on
 the CPU) returns None: the caller runs ``fields.quant_stats``. Where numba is missing or fails to
-compile, ``quant_fields`` (``quant_fields_many``) warns once and returns None from then on.
+compile, ``quant_fields`` (``quant_fields_many``) warns once and returns None from then on; with
+the compiled passes switched off (numcheck.measure.backend: NUMCHECK_BACKEND=torch, or
+``backend.force("torch")``) it returns None, silently.
+
+The format constants the loops read are numcheck.formats' (module globals: numba freezes them).
 """
 from __future__ import annotations
 
@@ -52,6 +56,7 @@ import numpy as np
 import torch
 
 from numcheck import formats
+from numcheck.measure import backend
 from numcheck.quant.fp8 import FP8Format
 from numcheck.quant.intq import IntFormat
 from numcheck.quant.mx import E8M0_EMAX, E8M0_EMIN, NAN_EXP, MXFormat
@@ -66,11 +71,9 @@ except ImportError as _exc:  # numba is a core dependency; a broken install stil
     def _jit(f):
         return f
 else:
-    from numcheck.measure.backend import njit
-
     _MISSING = ""
     # error_model="numpy": a division by zero gives inf/NaN as in torch, never an exception
-    _jit = njit(error_model="numpy")
+    _jit = backend.njit(error_model="numpy")
 
 # Constants the loops read (numba freezes module globals into the compiled code).
 _FP32_MAX = formats.get("fp32").max  # scales clamp here (DESIGN rule 10)
@@ -80,8 +83,27 @@ _E4_EMIN, _E4_EMAX, _E4_MBITS, _E4_MAX = _E4.emin, _E4.emax, _E4.mbits, _E4.max
 _E2 = formats.get("e2m1")  # NVFP4 elements
 _E2_EMIN, _E2_EMAX, _E2_MBITS, _E2_MAX = _E2.emin, _E2.emax, _E2.mbits, _E2.max
 _E2_TOP = _E2.overflow_threshold  # 7: beyond it an element saturates
-_FRAC = (1 << 52) - 1
+# float64's layout (the loops take exponents from its bits and build powers of two there)
+_F64 = formats.get("fp64")
+_F64_MBITS, _F64_BIAS = _F64.mbits, _F64.bias
+_FRAC = _F64.frac_mask
 _INF = math.inf
+# 16-bit inputs, decoded from their bits (_widen): bf16 is float32's top half; fp16's fields
+# (its smallest subnormal is 2^(emin - mbits) = 2^-24; a normal value is (2^mbits + fraction)
+# x 2^(exponent - bias - mbits))
+_BF16, _FP16 = formats.get("bf16"), formats.get("fp16")
+_CODE16 = (1 << _BF16.bits) - 1  # a 16-bit code's bits (the int16 view sign-extends)
+_BF16_SHIFT = formats.get("fp32").bits - _BF16.bits
+_FP16_MBITS, _FP16_EXP, _FP16_FRAC = _FP16.mbits, _FP16.exp_mask, _FP16.frac_mask
+_FP16_ONE = 1 << _FP16.mbits  # the implicit bit
+_FP16_SUB = _FP16.emin - _FP16.mbits  # -24: the exponent of a subnormal's fraction
+_FP16_NORM = _FP16.bias + _FP16.mbits  # 25: a normal's exponent field minus this scales it
+_FP16_SIGN = _FP16.bits - 1
+# NVFP4's table of log2(decode scale): keyed by the e4m3 block scale's float64 exponent and top
+# e4m3-mbits fraction bits, from one below the smallest e4m3 subnormal's exponent (2^-9)
+_E4_KEY_SHIFT = _F64_MBITS - _E4_MBITS
+_E4_KEY0 = (_F64_BIAS + _E4_EMIN - _E4_MBITS - 1) << _E4_MBITS
+_E4_CODES = 1 << _E4.bits  # at most one slot per e4m3 code
 
 # The loops' result vector (float64; counts are integers far below 2^53, exact).
 (R_UND, R_SAT, R_SIG, R_ERR, R_BLK, R_SCALED, R_SMIN, R_SMAX, R_LSUM, R_LSQ, R_CLIP, R_SSAT,
@@ -96,7 +118,7 @@ _STATE: dict = {"broken": None}  # why the compiled route is off (str), or None
 @_jit
 def _pow2(k):
     """2.0**k from the bits, k in [-1022, 1023] (formats.pow2)."""
-    return np.int64((k + 1023) << 52).view(np.float64)
+    return np.int64((k + _F64_BIAS) << _F64_MBITS).view(np.float64)
 
 
 @_jit
@@ -111,9 +133,9 @@ def _rne_sat(y, emin, emax, mbits, fmax):
     formats._rne's arithmetic: |y| + c - c with c = 2^(e - mbits + 52), e the exponent clamped
     to [emin, emax + 1]; then clamped to max (inf too; NaN stays NaN) and the sign put back."""
     a = abs(y)
-    b = np.float64(a).view(np.int64) >> 52
-    b = min(max(b, emin + 1023), emax + 1024)
-    c = np.int64((b + 52 - mbits) << 52).view(np.float64)
+    b = np.float64(a).view(np.int64) >> _F64_MBITS
+    b = min(max(b, emin + _F64_BIAS), emax + 1 + _F64_BIAS)
+    c = np.int64((b + _F64_MBITS - mbits) << _F64_MBITS).view(np.float64)
     m = (a + c) - c
     if m > fmax:
         m = fmax
@@ -131,19 +153,19 @@ def _widen(src, kind, rp, cp):
             if kind == 0:
                 out[i, j] = np.float64(src[i, j])
             elif kind == 1:
-                u = np.int32((np.int32(src[i, j]) & 0xFFFF) << 16)
+                u = np.int32((np.int32(src[i, j]) & _CODE16) << _BF16_SHIFT)
                 out[i, j] = np.float64(u.view(np.float32))
             else:
-                w = np.int64(src[i, j]) & 0xFFFF
-                e = (w >> 10) & 31
-                m = w & 1023
-                if e == 31:
+                w = np.int64(src[i, j]) & _CODE16
+                e = (w >> _FP16_MBITS) & _FP16_EXP
+                m = w & _FP16_FRAC
+                if e == _FP16_EXP:
                     v = np.inf if m == 0 else np.nan
                 elif e == 0:
-                    v = np.float64(m) * _pow2(-24)
+                    v = np.float64(m) * _pow2(_FP16_SUB)
                 else:
-                    v = np.float64(m + 1024) * _pow2(e - 25)
-                out[i, j] = -v if w >> 15 else v
+                    v = np.float64(m + _FP16_ONE) * _pow2(e - _FP16_NORM)
+                out[i, j] = -v if w >> _FP16_SIGN else v
     return out
 
 
@@ -198,8 +220,8 @@ def _finish(res, sig, err, und, nsat):
     return res
 
 
-_ABS = 0x7FFFFFFFFFFFFFFF  # the bits of |x|: ordered like the values for x >= 0
-_INF_BITS = 0x7FF0000000000000  # +inf; every NaN's |x| bits lie above
+_ABS = _F64.abs_mask  # the bits of |x|: ordered like the values for x >= 0
+_INF_BITS = _F64.inf_bits  # +inf; every NaN's |x| bits lie above
 
 
 @_jit
@@ -273,9 +295,9 @@ def _mx(x, k, emin, emax, mbits, fmax, thr, rceil):
                 if qq == np.inf:
                     qq = _FP32_MAX  # an overflowing quotient: fp32's max (mx._shared_exp)
                 qb = np.float64(qq).view(np.int64)
-                e = (qb >> 52) - 1023 + np.int64((qb & _FRAC) != 0)
+                e = (qb >> _F64_MBITS) - _F64_BIAS + np.int64((qb & _FRAC) != 0)
             else:
-                e = (fin_max >> 52) - 1023 - emax
+                e = (fin_max >> _F64_MBITS) - _F64_BIAS - emax
             e = min(max(e, E8M0_EMIN), E8M0_EMAX)
             if bad:
                 e = NAN_EXP
@@ -320,8 +342,8 @@ def _nvfp4(x, tr, tc):
     nan_q = np.nan if dec != dec else 1.0  # NaN amax: everything NaN
     # log2(bs * dec) per e4m3 block scale bs (at most 2^7 positive values): a table filled as
     # they come, keyed by bs's float64 exponent and top 3 fraction bits (e4m3's 2^-9 .. 448
-    # have float64 exponents 1014 .. 1031)
-    lg = np.full(256, np.nan)
+    # have float64 exponents 1014 .. 1031; _E4_KEY0 is 1013's first key)
+    lg = np.full(_E4_CODES, np.nan)
     sq = np.empty(tc)
     eq = np.empty(tc)
     sig = err = 0.0
@@ -359,7 +381,7 @@ def _nvfp4(x, tr, tc):
             scaled = live and denom > 0 and denom < np.inf
             l2 = 0.0
             if scaled:
-                key = (np.float64(bs).view(np.int64) >> 49) - (1013 << 3)
+                key = (np.float64(bs).view(np.int64) >> _E4_KEY_SHIFT) - _E4_KEY0
                 l2 = lg[key]
                 if l2 != l2:
                     l2 = lg[key] = np.log2(denom)
@@ -393,7 +415,7 @@ def _fp8(x, tr, tc, emin, emax, mbits, fmax, thr, pow2, blocky):
                 if s > _FP32_MAX:  # saturate=True: clamped to the fp32 max
                     s = _FP32_MAX
                 if pow2:
-                    s = _pow2((np.float64(s).view(np.int64) >> 52) - 1023)
+                    s = _pow2((np.float64(s).view(np.int64) >> _F64_MBITS) - _F64_BIAS)
             bsig = berr = 0.0
             bsat = 0
             for i in range(i0, i0 + tr):
@@ -526,7 +548,7 @@ def quant_fields_many(t: torch.Tensor, fmts) -> list[dict[str, float] | None]:
 def _fields(t: torch.Tensor, fmts) -> list[dict[str, float] | None]:
     """quant_fields_many (quant_fields: one format)."""
     n = len(fmts)
-    if _STATE["broken"] is not None:
+    if _STATE["broken"] is not None or backend.mode() == "torch":  # off: NUMCHECK_BACKEND=torch
         return [None] * n
     if numba is None:
         _off(f"numba is missing ({_MISSING})")
@@ -606,5 +628,6 @@ def _off(why: str) -> None:
 
 
 def available() -> bool:
-    """Whether the compiled route is on (numba present and not failed in this process)."""
-    return numba is not None and _STATE["broken"] is None
+    """Whether the compiled route is on (numba present and not failed in this process, and
+    numcheck.measure.backend not switched to the torch routes)."""
+    return numba is not None and _STATE["broken"] is None and backend.mode() != "torch"

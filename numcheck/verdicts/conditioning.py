@@ -38,7 +38,8 @@ import torch
 
 from numcheck import formats
 from numcheck.cases import inputs
-from numcheck.measure.stats import BLOCK_ENERGY_EPS, block_index, block_sums
+from numcheck.measure.blocks import block_index, block_sums
+from numcheck.measure.stats import BLOCK_ENERGY_EPS
 
 # Eight draws: the elementwise bound reads D per element, whose estimate from few draws can be
 # near 0 by chance (compiled adaln_modulate, fp32-2x16x128-zero_blocks-s0-transposed, a

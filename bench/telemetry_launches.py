@@ -12,11 +12,16 @@ these counts say what the statistics cost there before any GPU times it
 ``--route torch``: without the device pass (Triton missing): the torch route of
 numcheck.telemetry.fields. Prints, per model, the plain step's launches and what each setting
 adds (the fourth step of each run: warm-up steps first).
+
+The routes are picked through numcheck.measure.backend, the one selector:
+``substitute("telemetry-cpu", None)`` (the compiled CPU pass off) and, with ``--route pass``,
+``substitute("telemetry-cuda-on-cpu", ...)`` (the interpreted device pass, its launches
+counted).
 """
 from __future__ import annotations
 
 import argparse
-import importlib
+import contextlib
 import os
 
 import torch
@@ -24,8 +29,8 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from numcheck import telemetry
 from numcheck.convergence.models import build
-
-W = importlib.import_module("numcheck.telemetry.watcher")
+from numcheck.measure import backend
+from numcheck.quant.nvfp4 import NVFP4Format
 
 # ops that launch no kernel: metadata, allocation
 _NO_KERNEL = {
@@ -42,6 +47,10 @@ SETTINGS = {"stats": {}, "mxfp8": dict(recipe="mxfp8"),
             "+what-if": dict(recipe="mxfp8", what_if=("mxfp4", "nvfp4")), "everything": _ALL}
 
 
+def _quant_launches(t: torch.Tensor, fmt) -> int:
+    return 2 if type(fmt) is NVFP4Format else 1   # NVFP4: the tensor's amax first
+
+
 class _Launches(TorchDispatchMode):
     """Counts kernel-launching aten ops, and the device pass's launches (``kernel``)."""
 
@@ -54,9 +63,10 @@ class _Launches(TorchDispatchMode):
             self.n += 1
         return func(*args, **(kwargs or {}))
 
-    def kernel(self, fn, launches: int):
+    def kernel(self, fn, launches):
+        """fn counted as ``launches`` launches (a number, or a function of fn's arguments)."""
         def counted(*a):
-            self.n += launches
+            self.n += launches(*a) if callable(launches) else launches
             self.inside += 1   # the interpreter's tensor copies are not the GPU's
             try:
                 return fn(*a)
@@ -73,8 +83,8 @@ def _step_launches(name: str, setting: dict | None, kernels, steps: int = 4) -> 
     for i in range(steps):
         mode = _Launches()
         if kernels is not None:
-            for fn, k in (("plain_rows", 1), ("mx_rows", 1), ("nvfp4_rows", 2),
-                          ("sqnr_rows", 1)):
+            # quant_rows: mx_rows (one launch) or nvfp4_rows (two), called inside the module
+            for fn, k in (("plain_rows", 1), ("quant_rows", _quant_launches), ("sqnr_rows", 1)):
                 setattr(kernels, fn, mode.kernel(getattr(kernels.__orig__, fn), k))
         batch = task.batch_at(0, i)   # making the batch is not the step's
         with mode:
@@ -96,7 +106,8 @@ def main() -> None:
     ap.add_argument("--route", choices=("pass", "torch"), default="pass")
     args = ap.parse_args()
     torch.set_num_threads(1)
-    W._FAST["module"] = None   # CPU tensors through the device route
+    routes = contextlib.ExitStack()
+    routes.enter_context(backend.substitute("telemetry-cpu", None))  # CPU tensors: device route
     kernels = None
     if args.route == "pass":
         if os.environ.get("TRITON_INTERPRET") != "1":
@@ -106,10 +117,15 @@ def main() -> None:
         for k in dir(_stats_cuda):
             if not k.startswith("__"):
                 setattr(kernels, k, getattr(_stats_cuda, k))
-        W._KERNEL["cpu"] = kernels
-    print(f"route: {args.route}; launches a recorded step adds to the plain step's")
+        routes.enter_context(backend.substitute("telemetry-cuda-on-cpu", kernels))
+    with routes:
+        _table(args.models, args.route, kernels)
+
+
+def _table(models: list[str], route: str, kernels) -> None:
+    print(f"route: {route}; launches a recorded step adds to the plain step's")
     print(f"{'model':10} {'plain':>6} " + " ".join(f"{k:>11}" for k in SETTINGS))
-    for name in args.models:
+    for name in models:
         plain = _step_launches(name, None, kernels)
         added = [_step_launches(name, s, kernels) - plain for s in SETTINGS.values()]
         print(f"{name:10} {plain:6d} " + " ".join(f"{a:11d}" for a in added))

@@ -12,7 +12,6 @@ synchronize with the host (the step's statistics are read at ``t.step()``).
 """
 from __future__ import annotations
 
-import importlib
 import math
 import warnings
 
@@ -23,11 +22,12 @@ from torch import nn
 from numcheck import telemetry
 from numcheck.convergence.models import build
 from numcheck.convergence.train import STATE
+from numcheck.measure import backend
 from numcheck.measure.numerics import pinned
 from numcheck.telemetry import fields
 from tests._telemetry_models import Exp
 
-W = importlib.import_module("numcheck.telemetry.watcher")
+CUDA = "telemetry-cuda"  # numcheck.measure.backend's kind of the device pass, for CUDA tensors
 
 pytestmark = pytest.mark.cuda
 
@@ -82,7 +82,7 @@ def test_cuda_rows_and_statistics_match_the_cpus():
         warnings.simplefilter("always")
         cpu, gpu = _train("cpu", **kw), _train("cuda", **kw)
     # the device pass ran (a Triton or GPU it fails on warns, and takes the torch route)
-    assert W._KERNEL.get("module") is not None, [str(w.message) for w in caught]
+    assert backend.load(CUDA) is not None, [str(w.message) for w in caught]
     assert cpu[KEY].equals(gpu[KEY])
     for col in ("calls", "n", "n_nan", "n_inf"):   # counts: exact
         assert (cpu[col] == gpu[col]).all(), col
@@ -125,7 +125,7 @@ def test_a_model_over_two_gpus_is_read_on_each_tensors_device():
 
     torch.cuda.set_device(0)
     cpu, gpu = run(["cpu"] * 3), run(["cuda:0", "cuda:1", "cuda:1"])
-    assert W._KERNEL.get("module") is not None
+    assert backend.load(CUDA) is not None
     assert cpu[KEY].equals(gpu[KEY])
     for col in ("calls", "n", "n_nan", "n_inf"):
         assert (cpu[col] == gpu[col]).all(), col

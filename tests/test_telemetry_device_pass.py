@@ -7,7 +7,10 @@ and the kernel launches a recorded step adds: one per tensor read, one concatena
 else. tests/test_telemetry_cuda.py runs it compiled on a GPU.
 
 The interpreter runs ``tl.sum`` only where TRITON_INTERPRET was set before triton's import, so
-the interpreted checks run in a subprocess."""
+the interpreted checks run in a subprocess. CPU tensors take the device pass there because the
+scripts substitute it through numcheck.measure.backend, the one selector:
+``backend.substitute("telemetry-cuda-on-cpu", K)`` (K: _fields_triton, interpreted) with
+``backend.substitute("telemetry-cpu", None)`` (the compiled CPU pass off)."""
 from __future__ import annotations
 
 import os
@@ -176,15 +179,21 @@ def test_device_pass_compiles_for_sm90():
 
 
 _WATCHED = """
-import collections, importlib, sys
+import collections, contextlib, sys
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 sys.path.insert(0, sys.argv[1])
 import test_telemetry_fast as F
 from numcheck import telemetry
+from numcheck.measure import backend
 from numcheck.telemetry import _fields_triton as K
-W = importlib.import_module("numcheck.telemetry.watcher")
 torch.set_num_threads(1)
+
+def device_route():   # CPU tensors through the device pass (K, interpreted), the CPU pass off
+    routes = contextlib.ExitStack()
+    routes.enter_context(backend.substitute("telemetry-cpu", None))
+    routes.enter_context(backend.substitute("telemetry-cuda-on-cpu", K))
+    return routes
 
 def run(bf16, **kw):
     m = F._bf16_model()
@@ -218,16 +227,14 @@ runs = {"bf16 mxfp8": (lambda: run(True, recipe="mxfp8"), "3"),
                                                 shadow=True), "3"),
         "nan input": (nan_input, "1")}
 for name, (fn, producer) in runs.items():
+    assert backend.load("telemetry-cuda-on-cpu") is None   # outside device_route(): no pass
     host, host_nf = fn()                # the compiled CPU pass
-    W._FAST["module"] = None            # CPU tensors through the device pass
-    W._KERNEL["cpu"] = K
     saved = K._PER, K._LANES, K._PER_BLOCKS, K._TILE_LANES
     K._PER = K._LANES = K._TILE_LANES = 16   # several programs (rows) per tensor, a program
     K._PER_BLOCKS = 1                        # per quantization block: their merge
-    dev, dev_nf = fn()
+    with device_route():                # CPU tensors through the device pass
+        dev, dev_nf = fn()
     K._PER, K._LANES, K._PER_BLOCKS, K._TILE_LANES = saved
-    W._FAST.clear()
-    W._KERNEL.clear()
     F._assert_same_records(dev, host)
     assert host_nf is not None and host_nf[1] == producer, (name, host_nf)
     assert dev_nf == host_nf and dev_nf.inputs == host_nf.inputs, (name, dev_nf, host_nf)
@@ -278,10 +285,9 @@ def step_ops(watched):
         return mode.ops, list(launches)
     return mode.ops, []
 
-W._FAST["module"] = None
-W._KERNEL["cpu"] = K
-plain, _ = step_ops(False)
-watched, read = step_ops(True)
+with device_route():
+    plain, _ = step_ops(False)
+    watched, read = step_ops(True)
 assert watched - plain == collections.Counter({"aten.cat.default": 1}), watched - plain
 assert plain - watched == collections.Counter(), plain - watched
 # each tensor read once in the step (the memo: one module's output is the next one's input)
@@ -299,17 +305,16 @@ def test_watched_runs_through_the_device_pass_equal_the_cpu_pass():
     _interpreted(_WATCHED)
 
 
-def test_a_failing_device_pass_warns_once_and_takes_the_torch_route(monkeypatch):
+def test_a_failing_device_pass_warns_once_and_takes_the_torch_route():
     """A kernel that raises (a GPU or Triton it does not build on): one warning, the torch
     route's statistics, and no further attempt."""
-    import importlib
     import warnings
 
     import torch
 
     from numcheck import telemetry
+    from numcheck.measure import backend
     from numcheck.telemetry import fields
-    W = importlib.import_module("numcheck.telemetry.watcher")
 
     class Broken:
         handles = staticmethod(lambda t: True)
@@ -317,24 +322,25 @@ def test_a_failing_device_pass_warns_once_and_takes_the_torch_route(monkeypatch)
         @staticmethod
         def plain_rows(t):
             raise RuntimeError("no sm_90 here")
-    monkeypatch.setitem(W._FAST, "module", None)
-    monkeypatch.setitem(W._KERNEL, "cpu", Broken)
     m = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.LayerNorm(8))
     x = torch.randn(3, 8)
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        with telemetry.watch(m) as t:
-            m(x).sum().backward()
-            t.step()
-    msgs = [str(w.message) for w in caught if "device pass failed" in str(w.message)]
-    assert len(msgs) == 1 and "no sm_90 here" in msgs[0] and W._KERNEL["cpu"] is None
+    with backend.substitute("telemetry-cpu", None), \
+            backend.substitute("telemetry-cuda-on-cpu", Broken):   # CPU tensors take it
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            with telemetry.watch(m) as t:
+                m(x).sum().backward()
+                t.step()
+        msgs = [str(w.message) for w in caught if "device pass failed" in str(w.message)]
+        assert len(msgs) == 1 and "no sm_90 here" in msgs[0]
+        assert backend.load("telemetry-cuda-on-cpu") is None   # off, no further attempt
     out = t.records().query("module == '1' and role == 'output'").iloc[0]
     want = {k: float(v) for k, v in fields.tensor_stats(m(x)).items()}
     assert {k: out[k] for k in fields.PLAIN[:7]} == {k: want[k] for k in fields.PLAIN[:7]}
 
 
 def test_pending_observations_merge_every_row_of_every_part():
-    """The producer check's device observations (watch._Pending: row blocks read at step()):
+    """The producer check's device observations (observation.Pending: row blocks read at step()):
     a NaN or Inf counted in any row of any part makes them non-finite; their statistics merge
     every row with the host part by fields.FIELDS' rules."""
     import importlib
@@ -343,38 +349,40 @@ def test_pending_observations_merge_every_row_of_every_part():
     import torch
 
     from numcheck.telemetry import fields
-    W = importlib.import_module("numcheck.telemetry.watcher")
+    OBS = importlib.import_module("numcheck.telemetry.observation")
     a, b = torch.empty(2, 8, dtype=torch.float64), torch.empty(1, 8, dtype=torch.float64)
     #                 calls n   nan inf zero amax min_nz sum_sq
     rows_a = np.array([[1, 100, 0, 0, 3, 2.0, 0.5, 10.0],
                        [0, 50, 0, 0, 0, 8.0, 0.25, 5.0]])
     rows_b = np.array([[1, 7, 0, 0, 0, 1.0, 1.0, 1.0]])
     host = [1.0, 4.0, 0.0, 0.0, 1.0, 3.0, 0.125, 2.0]
-    obs = W._merge_obs(W._merge_obs(host, W._Pending(None, (a,))), W._Pending(None, (b,)))
+    obs = OBS.merge_obs(OBS.merge_obs(host, OBS.Pending(None, (a,))), OBS.Pending(None, (b,)))
     got = {id(a): rows_a, id(b): rows_b}
-    assert W._finite(obs, got)
-    assert W._plain_of(obs, got) == [3.0, 161.0, 0.0, 0.0, 4.0, 8.0, 0.125, 18.0]
+    assert OBS.finite(obs, got)
+    assert OBS.plain_of(obs, got) == [3.0, 161.0, 0.0, 0.0, 4.0, 8.0, 0.125, 18.0]
     for col in (2, 3):   # a NaN, or an Inf, in the second row of the first part only
         bad = rows_a.copy()
         bad[1, col] = 1
-        assert not W._finite(obs, {id(a): bad, id(b): rows_b}), col
+        assert not OBS.finite(obs, {id(a): bad, id(b): rows_b}), col
     inf = [1.0, 4.0, 0.0, 2.0, 0.0, 1.0, 1.0, 1.0]   # a host part holding two Infs
-    assert not W._finite(W._merge_obs(inf, obs), got)
-    assert not W._finite(W._merge_obs(obs, inf), got)
+    assert not OBS.finite(OBS.merge_obs(inf, obs), got)
+    assert not OBS.finite(OBS.merge_obs(obs, inf), got)
     # merging copies, never writes into an observation (the step's memo shares them)
     assert host == [1.0, 4.0, 0.0, 0.0, 1.0, 3.0, 0.125, 2.0]
     assert inf == [1.0, 4.0, 0.0, 2.0, 0.0, 1.0, 1.0, 1.0]
     assert fields.PLAIN_INDEX == tuple(fields.INDEX[k] for k in fields.PLAIN)
 
 
-def test_cpu_tensors_never_reach_the_cuda_kernel(monkeypatch):
+def test_cpu_tensors_never_reach_the_cuda_kernel():
     """The compiled kernel reads CUDA tensors only: a CPU tensor (numba missing or failed, in a
     process that loaded the kernel for a GPU) takes the torch route, and the device pass stays
     on for the CUDA tensors."""
     import importlib
 
     import torch
-    W = importlib.import_module("numcheck.telemetry.watcher")
+
+    from numcheck.measure import backend
+    P = importlib.import_module("numcheck.telemetry.passes")
 
     class Loaded:   # the CUDA module, as watch holds it once a CUDA tensor loaded it
         handles = staticmethod(lambda t: True)
@@ -382,10 +390,9 @@ def test_cpu_tensors_never_reach_the_cuda_kernel(monkeypatch):
         @staticmethod
         def plain_rows(t):
             raise AssertionError("a CPU tensor reached the CUDA kernel")
-    monkeypatch.setitem(W._KERNEL, "module", Loaded)
-    monkeypatch.delitem(W._KERNEL, "cpu", raising=False)
-    monkeypatch.setitem(W._FAST, "module", None)
-    assert W._kernel(torch.ones(3)) is None
-    rows = W._dev_rows(torch.tensor([1.0, -2.0, 0.0]))
-    assert rows.tolist() == [[1.0, 3.0, 0.0, 0.0, 1.0, 2.0, 1.0, 5.0]]
-    assert W._KERNEL["module"] is Loaded
+    # no substitute for "telemetry-cuda-on-cpu": only a test's serves CPU tensors
+    with backend.substitute("telemetry-cuda", Loaded), backend.substitute("telemetry-cpu", None):
+        assert P._kernel(torch.ones(3)) is None
+        rows = P.dev_rows(torch.tensor([1.0, -2.0, 0.0]))
+        assert rows.tolist() == [[1.0, 3.0, 0.0, 0.0, 1.0, 2.0, 1.0, 5.0]]
+        assert backend.load("telemetry-cuda") is Loaded

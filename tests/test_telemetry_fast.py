@@ -1,16 +1,21 @@
 """numcheck.telemetry's CPU route (numcheck/telemetry/_fields_numba.py, host accumulation in
-watcher.py) against the torch route it replaces on CPU (fields.tensor_stats / sqnr_pair: the
+accumulator.py) against the torch route it replaces on CPU (fields.tensor_stats / sqnr_pair: the
 reference, and the device route where Triton is missing): per-tensor fields on every dtype
 with NaN, Inf, zeros, subnormals, odd and empty sizes, non-contiguous views; whole watched
 runs giving the same records and the same first non-finite producer; the merge rules of host
 values and of rows read back from a device;
-the fallback when the compiled pass fails; the watch's TorchFunctionMode seeing only the
-model's own ops."""
+the fallback when the compiled pass fails, or when numba is missing; NUMCHECK_BACKEND=torch
+(backend.force("torch")) sending CPU tensors through the torch route; the watch's
+TorchFunctionMode seeing only the model's own ops.
+
+Routes are picked through numcheck.measure.backend alone (kind "telemetry-cpu": the compiled
+CPU pass; ``backend.substitute(CPU, None)``: the torch route, as without numba)."""
 from __future__ import annotations
 
 import importlib
 import math
 import warnings
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -20,11 +25,15 @@ from torch.overrides import TorchFunctionMode
 
 from numcheck import telemetry
 from numcheck.convergence.models import build
+from numcheck.measure import backend
+from numcheck.quant.mx import MXFormat
 from numcheck.telemetry import fields
 
 from numcheck.telemetry import _fields_numba as _stats_cpu
-W = importlib.import_module("numcheck.telemetry.watcher")  # the module (the package exports watch())
+P = importlib.import_module("numcheck.telemetry.passes")  # asks numcheck.measure.backend
+H = importlib.import_module("numcheck.telemetry.hooks")  # the watch's TorchFunctionMode
 
+CPU = "telemetry-cpu"  # numcheck.measure.backend's kind of the compiled CPU pass
 DTYPES = (torch.float32, torch.float64, torch.bfloat16, torch.float16)
 SIZES = (1, 2, 3, 4, 5, 7, 8, 9, 31, 1000, 4097)
 # float fields that are sums of squares, summed in another order by the compiled pass
@@ -34,14 +43,18 @@ SUM_FIELDS = ("sum_sq", "sh_sig_sq", "sh_err_sq", "e2e_sig_sq", "e2e_err_sq")
 pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
 
 
-@pytest.fixture
-def torch_route():
-    """Telemetry without the compiled CPU pass (the torch route on CPU, as without numba)."""
-    saved = dict(W._FAST)
-    W._FAST["module"] = None
-    yield
-    W._FAST.clear()
-    W._FAST.update(saved)
+def _compiled_pass():
+    """The compiled CPU pass, as the selector gives it to telemetry now (numba present)."""
+    fast = P._fast()
+    assert fast is not None, "the compiled CPU pass is off"
+    return fast
+
+
+def _pass_with(**functions) -> SimpleNamespace:
+    """The compiled CPU pass with some of its functions replaced: a substitute for CPU."""
+    fast = _compiled_pass()
+    return SimpleNamespace(**{**{k: getattr(fast, k) for k in ("handles", "raw", "finite", "sqnr")},
+                              **functions})
 
 
 def _sum_tol(n: int) -> float:
@@ -219,10 +232,11 @@ def _assert_same_records(fast, slow):
 
 
 @pytest.mark.parametrize("name", ["tiny_lm", "tiny_dit"])
-def test_watched_run_records_equal_the_torch_routes(name, torch_route):
+def test_watched_run_records_equal_the_torch_routes(name):
     setting = dict(recipe="mxfp8", what_if=("nvfp4",), shadow=True)
-    slow, slow_losses = _records((name, 0), 2, setting)
-    W._FAST.clear()   # the compiled pass back on
+    with backend.substitute(CPU, None):   # the torch route on CPU, as without numba
+        slow, slow_losses = _records((name, 0), 2, setting)
+    _compiled_pass()   # the block ended: the compiled pass back on
     fast, fast_losses = _records((name, 0), 2, setting)
     assert fast_losses == slow_losses
     _assert_same_records(fast, slow)
@@ -241,7 +255,7 @@ def _bf16_model():
     return m.to(torch.bfloat16)
 
 
-def test_bf16_model_and_its_producer_equal_the_torch_routes(torch_route):
+def test_bf16_model_and_its_producer_equal_the_torch_routes():
     def run():
         m = _bf16_model()
         with telemetry.watch(m, recipe="mxfp8") as t:
@@ -251,15 +265,16 @@ def test_bf16_model_and_its_producer_equal_the_torch_routes(torch_route):
                 m(x.to(torch.bfloat16)).float().sum().backward()
                 t.step()
         return t.records(), t.first_nonfinite()
-    slow, slow_nf = run()
-    W._FAST.clear()
+    with backend.substitute(CPU, None):
+        slow, slow_nf = run()
+    _compiled_pass()
     fast, fast_nf = run()
     _assert_same_records(fast, slow)
     assert fast_nf is not None and fast_nf == slow_nf and fast_nf[1] == "3"
     assert fast_nf.inputs == slow_nf.inputs and fast_nf.inputs["n_inf"] == 0
 
 
-def test_rows_fed_by_both_routes_equal_the_torch_routes(monkeypatch, torch_route):
+def test_rows_fed_by_both_routes_equal_the_torch_routes():
     """Every other tensor through the torch route (as a model with CPU and CUDA tensors has
     them): host and device rows, flags and producer vectors combine to the same records and
     the same producer."""
@@ -272,59 +287,119 @@ def test_rows_fed_by_both_routes_equal_the_torch_routes(monkeypatch, torch_route
                 m(x).sum().backward()
                 t.step()
         return t.records(), t.first_nonfinite()
-    slow, slow_nf = run()
-    W._FAST.clear()
-    fast = W._fast()
+    with backend.substitute(CPU, None):
+        slow, slow_nf = run()
+    fast = _compiled_pass()
     calls = [0, 0]   # [tensors sent to the torch route, to the compiled pass]
-    handles = fast.handles
 
     def alternate(t):
-        host = handles(t) and sum(calls) % 2 == 1
+        host = fast.handles(t) and sum(calls) % 2 == 1
         calls[host] += 1
         return host
-    monkeypatch.setattr(fast, "handles", alternate)
-    mixed, mixed_nf = run()
+
+    def sqnr(out, ref64):   # the shadows' sums alternate too
+        return fast.sqnr(out, ref64) if alternate(out) else None
+    with backend.substitute(CPU, _pass_with(handles=alternate, sqnr=sqnr)):
+        mixed, mixed_nf = run()
     assert min(calls) > 30, calls   # both routes fed the rows (each tensor read once a step)
     _assert_same_records(mixed, slow)
     assert slow_nf is not None and slow_nf[1] == "3"
     assert mixed_nf == slow_nf and mixed_nf.inputs == slow_nf.inputs
 
 
-def test_a_failing_compiled_pass_warns_once_and_takes_the_torch_route(monkeypatch):
-    saved = dict(W._FAST)
-    fast = W._fast()
-    assert fast is not None
-
+def test_a_failing_compiled_pass_warns_once_and_takes_the_torch_route():
     def broken(t, sums=True):
         raise RuntimeError("no compiler here")
-    monkeypatch.setattr(fast, "raw", broken)
-    try:
-        model = nn.Sequential(nn.Linear(8, 8), nn.LayerNorm(8))
+    model = nn.Sequential(nn.Linear(8, 8), nn.LayerNorm(8))
+    with backend.substitute(CPU, _pass_with(raw=broken)):   # a pass that fails as it runs
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
             with telemetry.watch(model) as t:
                 model(torch.randn(3, 8)).sum().backward()
                 t.step()
         msgs = [str(w.message) for w in caught if "compiled CPU pass failed" in str(w.message)]
-        assert len(msgs) == 1 and W._FAST["module"] is None
-        df = t.records()
-        assert len(df) > 0 and (df.n > 0).all()
-    finally:
-        W._FAST.clear()
-        W._FAST.update(saved)
+        assert len(msgs) == 1 and "no compiler here" in msgs[0]
+        assert backend.load(CPU) is None and P._fast() is None   # off from then on
+    df = t.records()
+    assert len(df) > 0 and (df.n > 0).all()
+    _compiled_pass()   # the planted pass's block ended
 
 
-def test_without_numba_the_torch_route_runs_with_one_warning(monkeypatch, torch_route):
-    W._FAST.clear()
-
+def test_without_numba_the_torch_route_runs_with_one_warning(monkeypatch):
     def no_numba(name):
         raise ImportError("No module named 'numba'")
-    monkeypatch.setattr(W.importlib, "import_module", no_numba)
+    backend.reset(CPU)   # imported again at the next choice: numba missing
+    monkeypatch.setattr(P.importlib, "import_module", no_numba)
     model = nn.Sequential(nn.Linear(8, 8), nn.LayerNorm(8))
-    with pytest.warns(RuntimeWarning, match="no numba"), telemetry.watch(model) as t:
-        model(torch.randn(3, 8)).sum().backward()
-        t.step()
-    assert W._FAST["module"] is None and len(t.records()) > 0
+    try:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            with telemetry.watch(model) as t:
+                model(torch.randn(3, 8)).sum().backward()
+                t.step()
+        msgs = [w for w in caught if "no numba" in str(w.message)]
+        assert len(msgs) == 1 and msgs[0].category is RuntimeWarning, msgs
+        assert P._fast() is None and len(t.records()) > 0
+    finally:
+        monkeypatch.undo()
+        backend.reset(CPU)   # numba back: the next choice imports the pass again
+    _compiled_pass()
+
+
+def test_numcheck_backend_torch_sends_cpu_tensors_through_the_torch_route():
+    """NUMCHECK_BACKEND=torch (in process: backend.force("torch")) on telemetry: no compiled
+    pass is chosen for a CPU tensor (plain fields, shadow sums, finiteness flags, quantization
+    fields), and the torch route's figures equal the compiled pass's (counts, amax and min
+    bitwise, sums within two summation orders' 2 n 2^-53); a watched run gives the same
+    records and the same producer."""
+    gen = torch.Generator().manual_seed(6)
+    xs = [_values(n, dtype, gen) for dtype in DTYPES for n in (7, 1000)]
+    xs += [torch.randn(33, generator=gen).to(dtype) for dtype in DTYPES]   # finite ones too
+    ref = torch.randn(1000, generator=gen, dtype=torch.float64)
+    out = (ref * (1 + 1e-3 * torch.randn(1000, generator=gen, dtype=torch.float64))).float()
+    _compiled_pass()
+    compiled = [P.read(x, True) for x in xs]
+    assert all(isinstance(c, list) for c in compiled)   # host floats: the compiled pass
+    c_sqnr = P.sqnr_pair(out, ref, "sh")
+    c_flags = [P.all_finite([x]) for x in xs]
+    assert all(isinstance(f, bool) for f in c_flags)
+    quant = importlib.import_module("numcheck.telemetry._quant_numba")
+    blocks, mx = torch.randn(4, 64, generator=gen), MXFormat("e4m3", 32)
+    assert quant.available() and isinstance(quant.quant_fields_many(blocks, [mx])[0], dict)
+    with backend.force("torch"):
+        assert backend.mode() == "torch" and not quant.available()
+        assert P._fast() is None and all(P._kernel(x) is None for x in xs)
+        slow = [P.read(x, True) for x in xs]
+        s_sqnr = P.sqnr_pair(out, ref, "sh")
+        s_flags = [P.all_finite([x]) for x in xs]
+        assert quant.quant_fields_many(blocks, [mx]) == [None]   # then fields.quant_stats
+    for x, c, s in zip(xs, compiled, slow, strict=True):
+        assert isinstance(s, torch.Tensor) and s.shape == (1, 8)   # fields.tensor_stats' row
+        s = s[0].tolist()
+        assert all(_same(a, b) for a, b in zip(c[:7], s[:7], strict=True)), (x.dtype, c, s)
+        assert math.isclose(c[7], s[7], rel_tol=_sum_tol(x.numel())) or _same(c[7], s[7])
+    assert isinstance(s_sqnr[0]["sh_sig_sq"], torch.Tensor)   # fields.sqnr_pair's tensors
+    for k in ("sh_sig_sq", "sh_err_sq"):
+        assert math.isclose(c_sqnr[0][k], float(s_sqnr[0][k]), rel_tol=_sum_tol(1000)), k
+    assert all(isinstance(f, torch.Tensor) for f in s_flags)   # the torch route's flags
+    assert [bool(f) for f in s_flags] == c_flags and not all(c_flags) and any(c_flags)
+    # a watched run with a recipe and the shadows: the same records and producer either way
+    def run():
+        m = _bf16_model().float()
+        with telemetry.watch(m, recipe="mxfp8", what_if=("nvfp4",), shadow=True) as t:
+            for k in range(3):
+                x = torch.randn(5, 16, generator=torch.Generator().manual_seed(k))
+                m[3].k = 1.0 if k < 2 else 300.0   # exp overflows on the last step
+                m(x).sum().backward()
+                t.step()
+        return t.records(), t.first_nonfinite()
+    fast, fast_nf = run()
+    with backend.force("torch"):
+        slow_run, slow_nf = run()
+    assert backend.mode() == "auto" and quant.available()   # the block ended
+    _assert_same_records(fast, slow_run)
+    assert fast_nf is not None and fast_nf[1] == "3"
+    assert fast_nf == slow_nf and fast_nf.inputs == slow_nf.inputs
 
 
 class _Count(TorchFunctionMode):
@@ -343,12 +418,12 @@ def test_the_watch_mode_sees_the_models_ops_not_telemetrys(monkeypatch):
     with _Count() as plain:
         model(tokens)
     seen = []
-    inner = W._OpMode.__torch_function__
+    inner = H._OpMode.__torch_function__
 
     def counting(self, func, types, args=(), kwargs=None):
         seen.append(func)
         return inner(self, func, types, args, kwargs)
-    monkeypatch.setattr(W._OpMode, "__torch_function__", counting)
+    monkeypatch.setattr(H._OpMode, "__torch_function__", counting)
     with telemetry.watch(model, recipe="mxfp8", shadow=True):
         model(tokens)
     # exactly the forward's own ops, none of the statistics', quantizers' or shadows'
@@ -375,9 +450,9 @@ def test_compiled_passes_import_where_numba_cannot_cache(monkeypatch):
     def denied(self):
         raise PermissionError(13, "Permission denied", self.get_cache_path())
     monkeypatch.setattr(caching._CacheLocator, "ensure_cache_path", denied)
-    sc = _load_fresh("_stats_cpu")
+    sc = _load_fresh("_fields_numba")
     x = torch.tensor([1.0, -0.0, math.inf, 3.0])
     assert sc.raw(x)[:7] == _torch_plain(x)[:7]
-    qc = _load_fresh("_quant_cpu")
+    qc = _load_fresh("_quant_numba")
     from numcheck.quant.intq import IntFormat
     assert qc.quant_fields(torch.ones(2, 4), IntFormat(8))["q_n"] == 8.0

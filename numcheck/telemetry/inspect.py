@@ -108,9 +108,9 @@ def plot(frame, path: Path, column: str = "sqnr_db") -> Path | None:
 
 def write_html(frame, path: Path, *, producer: str | None = None,
                title: str | None = None) -> Path:
-    """The telemetry page (numcheck.report.html.telemetry_html: summary, per-layer x step
+    """The telemetry page (numcheck.telemetry.telemetry_html.telemetry_html: summary, per-layer x step
     heatmaps; ``producer``: the first non-finite producer line) written to ``path``."""
-    from numcheck.report.html import telemetry_html
+    from numcheck.telemetry.telemetry_html import telemetry_html
     path = Path(path)
     path.write_text(telemetry_html(frame, title=title, producer=producer), encoding="utf-8")
     return path

@@ -1,6 +1,6 @@
 """The producer check on the steps ``every`` does not record: a sentinel, and a replay.
 
-On a recorded step every module carries the hooks of watcher.py: the producer check reads each
+On a recorded step every module carries the hooks of hooks.py: the producer check reads each
 module call's inputs, outputs and gradients. On the steps in between (``every`` > 1) that check
 was most of the watch's cost (1.6x a tiny model's step on CPU: Python per module call and per
 tensor). There the model carries only this sentinel:
@@ -23,7 +23,7 @@ tensor). There the model carries only this sentinel:
   backward makes it;
 * at the end of a backward (before the optimizer) where anything read is not finite, the
   parameters and buffers are copied, and ``step()`` replays the step: those values put back
-  into the model, each forward run again from what its pre-hook kept with watcher.py's full hooks
+  into the model, each forward run again from what its pre-hook kept with hooks.py's full hooks
   on, and its backward run from the kept gradients of the root's outputs
   (``torch.autograd.grad``: the parameters' ``.grad`` are not touched). The replay names the
   producer as the full check would have on the live step; the model's values, modes and the
@@ -41,7 +41,8 @@ and Python state of the modules see one more forward and backward. A replay that
 warns (the non-finite came with the data or from the loss, or the parameters were already
 non-finite). Where the sentinel cannot work at all (a root whose outputs hold no tensor, a
 process group of several ranks, where a replay on one rank would wait on collectives the
-others never join, a hook that fails), watcher.py keeps the full hooks on every step.
+others never join, a hook that fails), the watch (watcher.py) keeps hooks.py's full hooks on
+every step.
 """
 from __future__ import annotations
 
@@ -193,7 +194,7 @@ class Sentinel:
         self.unsure = False
 
     def give_up(self, why: str) -> None:
-        """Stop the sentinel for this watch (watcher.py arms the full hooks from the next
+        """Stop the sentinel for this watch (watcher.py arms hooks.py's full hooks from the next
         step on) and say why, once."""
         if self.broken is None:
             self.broken = why

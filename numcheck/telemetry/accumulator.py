@@ -1,0 +1,141 @@
+"""A watch's rows and producer checks: gathered while a step runs, merged once at ``step()``.
+
+Each row key (module, op, role, pass, recipe, what_if) holds a host vector of fields.FIELDS
+(Python floats: what the compiled CPU passes give) and device parts (field indices and rows on
+a device: what the device pass or the torch route gives on a GPU). ``flush`` reads every
+device part of the step with one device-to-host copy per device, merges them into the host
+vectors by fields.FIELDS' rules, and decides the producer checks whose observations were on a
+device: the first call that made a NaN or Inf out of finite inputs is ``first``.
+"""
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import torch
+
+from numcheck.telemetry import fields
+from numcheck.telemetry.observation import Pending, StepReads, finite, plain_of, read_back
+from numcheck.telemetry.passes import dev_part, dev_quant, host_quants, put
+
+ROLES = ("input", "weight", "output", "grad_output", "grad_input", "grad_weight")
+QUANT_ROLE = {"input": "x", "weight": "w", "grad_output": "grad"}  # linear roles a recipe has
+
+
+class _Where(NamedTuple):
+    step: int
+    module: str
+    op: str
+    role: str
+    pass_: str
+
+
+class NonFinite(_Where):
+    """The first non-finite producer: a 5-tuple (step, module, op, role, pass_) that compares
+    equal to a plain tuple; ``inputs`` holds the statistics of what it consumed (its forward
+    inputs and own parameters, or its grad_output): n, n_nan, n_inf, amax, min_nonzero."""
+
+    inputs: dict
+
+
+class Accumulator:
+    """The rows and producer checks of the current step, and the records of the steps before.
+
+    ``reads``: the step's memo (each tensor read once); ``recipes``: (name, QuantRecipe-like,
+    what_if) of the watch, whose quantizers add fields to a linear layer's x, w and grad rows;
+    ``rank``: written into every row."""
+
+    def __init__(self, reads: StepReads, recipes: list, rank: int) -> None:
+        self.reads, self.recipes, self.rank = reads, recipes, rank
+        # per row key: [host vector (floats), device parts: (field indices, (r, k) rows[, fix])]
+        self.slots: dict[tuple, list] = {}
+        # producer checks: (module, op, role, pass, flag (None: read at flush()), what the call
+        # consumed, what it made): observations (observation.merge_obs) of both
+        self.events: list[tuple] = []
+        self.rows: list[dict] = []
+        self.first: NonFinite | None = None
+
+    def pending(self) -> bool:
+        """Anything gathered in this step (rows or producer checks) that flush() would read."""
+        return bool(self.slots or self.events)
+
+    def discard(self) -> None:
+        """Drop what this step gathered (a replay that failed: nothing to name from it)."""
+        self.slots.clear()
+        self.events.clear()
+
+    def records(self):
+        """pandas DataFrame, one row per (step, module, op, role, pass, recipe)."""
+        return fields.frame(self.rows)
+
+    def event(self, name, op, role, pass_, ins, outs) -> None:
+        """A producer check: the call consumed ``ins`` and made ``outs`` (observations); it
+        produced a non-finite value where all of ins are finite and some of outs is not,
+        decided now where both are on the host, at flush() otherwise."""
+        flag = None
+        if not isinstance(ins, Pending) and not isinstance(outs, Pending):
+            flag = finite(ins) and not finite(outs)
+        self.events.append((name, op, role, pass_, flag, ins, outs))
+
+    def add(self, name, op, role, t: torch.Tensor, extra: list = ()) -> None:
+        """Accumulate t's statistics into every row it belongs to (the recipe's and each
+        what-if's for a quantized role of a linear layer). A row's host vector takes the
+        fields known as floats (the compiled CPU passes; quantization / shadow fields given
+        as floats or CPU tensors); fields on a device wait as device parts (read at
+        flush()). ``extra``: more fields for the row (passes.sqnr_pair's: dicts, or device
+        parts)."""
+        if t.numel() == 0:
+            return
+        tags = [("", None, False)]
+        if op == "linear" and role in QUANT_ROLE and self.recipes:
+            tags = [(n, getattr(r, QUANT_ROLE[role], None), w) for n, r, w in self.recipes]
+            if self.recipes[0][2]:  # what-ifs only: the observed row as well
+                tags.insert(0, ("", None, False))
+        pass_ = "backward" if role.startswith("grad") else "forward"
+        p = self.reads.fields_of(t, True)
+        host = isinstance(p, list)
+        qs = host_quants(t, [q for _, q, _ in tags]) if host else None
+        for i, (tag, quantizer, what_if) in enumerate(tags):
+            slot = self.slots.get((name, op, role, pass_, tag, what_if))
+            if slot is None:
+                slot = self.slots[(name, op, role, pass_, tag, what_if)] = \
+                    [fields.host_identity(), []]
+            h = slot[0]
+            if host:
+                fields.host_plain(h, p)
+                if qs[i] is not None:
+                    fields.host_update(h, qs[i])
+            else:
+                slot[1].append((fields.PLAIN_INDEX, p))
+                if quantizer is not None:
+                    put(slot[1], dev_quant(t, quantizer, h))
+            for e in extra:
+                put(slot[1], dev_part(e, h) if isinstance(e, dict) else e)
+
+    def flush(self, step: int) -> None:
+        """The step's rows and its first producer: the device parts of its rows and of its
+        producer checks read with one device-to-host copy per device (none on a CPU-only
+        model: its host rows are Python floats already), then merged on the host."""
+        ev = self.events if self.first is None else []
+        pending = {id(part[1]): part[1] for slot in self.slots.values() for part in slot[1]}
+        for e in ev:
+            if e[4] is None:
+                pending.update((id(x), x) for o in e[5:] if isinstance(o, Pending)
+                               for x in o.rows)
+        got = read_back(pending.values()) if pending else {}
+        for k, (raw, parts) in self.slots.items():
+            for idx, x, *fix in parts:
+                fields.host_rows(raw, idx, fix[0](got[id(x)]) if fix else got[id(x)])
+            self.rows.append({"step": step, "rank": self.rank, "module": k[0],
+                              "op": k[1], "role": k[2], "pass": k[3], "recipe": k[4],
+                              "what_if": k[5], **dict(zip(fields.NAMES, raw, strict=True))})
+        hit = next((e for e in ev if (e[4] if e[4] is not None else
+                                      finite(e[5], got) and not finite(e[6], got))), None)
+        if hit is not None:
+            first = NonFinite(step, *hit[:4])
+            vec = plain_of(hit[5], got)
+            raw = {} if vec is None else dict(zip(fields.NAMES, vec))
+            first.inputs = {k: raw[k] for k in ("n", "n_nan", "n_inf", "amax",
+                                                "min_nonzero")} if raw else {}
+            self.first = first
+        self.slots.clear()
+        self.events.clear()

@@ -1,0 +1,446 @@
+"""The full hooks of a watch, and what each of them reads (docs/telemetry.md).
+
+Every submodule gets a forward pre-hook and a forward hook (the module stack, the forward
+producer check); the forward hook puts tensor hooks on the call's outputs and on its inputs
+that need a gradient (grad_output, grad_input), and hooks on the autograd nodes the call made
+that consume its inputs (the backward producer check, per call; no module full backward hooks:
+they add graph nodes and change the gradients' last bits); watched modules (``classify``:
+linear, attention, norm) record their roles, their weight's gradient through a tensor hook on
+the parameter. While the root module's forward runs, a TorchFunctionMode records
+``F.scaled_dot_product_attention`` (op "sdpa") and softmax (op "softmax", the attention
+probabilities of models that write attention out, as the tiny models do) under the innermost
+module that called them. Nothing is read back from a device in a hook: ``step()`` reads a
+step's statistics once (numcheck/telemetry/accumulator.py).
+
+Hooks that run inside the root's forward take the watch's own TorchFunctionMode off the mode
+stack while they work, so telemetry's own torch ops are not intercepted.
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.overrides import TorchFunctionMode
+
+from numcheck.telemetry._structs import tensors
+from numcheck.telemetry.observation import merge_obs
+
+ROOT = "<model>"
+_OPS = {F.scaled_dot_product_attention: "sdpa", torch.softmax: "softmax",
+        torch.Tensor.softmax: "softmax", F.softmax: "softmax"}
+
+
+def classify(m: nn.Module) -> str | None:
+    """The op a watched module records under, or None (not watched: producer checks only)."""
+    if isinstance(m, nn.MultiheadAttention):
+        return "attention"
+    w = getattr(m, "weight", None)
+    if isinstance(m, nn.Linear) or (hasattr(m, "in_features") and hasattr(m, "out_features")
+                                    and isinstance(w, torch.Tensor) and w.dim() == 2):
+        return "linear"  # nn.Linear and drop-ins (convergence.linear.QuantLinear)
+    if isinstance(m, (nn.LayerNorm, nn.RMSNorm, nn.GroupNorm)) or \
+            type(m).__name__.endswith("Norm"):
+        return "norm"
+    return None
+
+
+def _weight(m: nn.Module) -> torch.Tensor | None:
+    w = getattr(m, "weight", None)
+    if w is None:
+        w = getattr(m, "in_proj_weight", None)
+    return w if isinstance(w, torch.Tensor) else None
+
+
+def _own_params(m: nn.Module) -> list[torch.Tensor]:
+    """m.parameters(recurse=False) that are floating point (read from ``_parameters``: a
+    quarter of the generator's cost, once per module call)."""
+    ps = [p for p in m._parameters.values() if p is not None and p.is_floating_point()]
+    return list({id(p): p for p in ps}.values()) if len(ps) > 1 else ps
+
+
+def _eager(fn):
+    """fn, run eagerly where Dynamo traces a compiled module's hooks (fn itself where Dynamo
+    cannot be imported here: then nothing is compiled either; importing it costs ~1.5 s once)."""
+    try:
+        return torch._dynamo.disable(fn)
+    except Exception:  # noqa: BLE001 - a torch build or Python without Dynamo
+        return fn
+
+
+class _NoGrad:
+    """torch.no_grad() for the hooks, at a fifth of its cost (measured ~2 us an entry, a few
+    hundred entries a step): most hooks run in the backward, where grad mode is off already."""
+
+    __slots__ = ("on",)
+
+    def __enter__(self) -> None:
+        self.on = torch.is_grad_enabled()
+        if self.on:
+            torch._C._set_grad_enabled(False)
+
+    def __exit__(self, *exc) -> None:
+        if self.on:
+            torch._C._set_grad_enabled(True)
+
+
+class _OpMode(TorchFunctionMode):
+    def __init__(self, watch, on_op) -> None:
+        super().__init__()
+        self.watch, self.on_op = watch, on_op
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        # every op of the model's forward comes through here: as little as possible per op
+        out = func(*args, **kwargs) if kwargs else func(*args)
+        op = _OPS.get(func)
+        if op is not None and not self.watch.busy:
+            self.on_op(op, (args, kwargs), out)
+        return out
+
+
+def _remode(mode) -> None:
+    """Put back the mode Hooks._unmode took off (None: nothing)."""
+    if mode is not None:
+        torch._C._push_on_torch_function_stack(mode)
+
+
+def _consumers(ins, outs) -> dict | None:
+    """The autograd nodes a call created that consume its inputs: {node: [edge index]},
+    found walking back from the outputs' nodes. The walk stops at the inputs, at leaves
+    and at nodes older than the newest input's (made before this call). None when some
+    input has no consumer found (then its total gradient is checked, as before)."""
+    targets, bound = {}, -1
+    for t in ins:
+        if t.grad_fn is not None:
+            targets[(id(t.grad_fn), t.output_nr)] = t
+            bound = max(bound, t.grad_fn._sequence_nr())
+    leaves = {id(t) for t in ins if t.grad_fn is None}
+    todo = [o.grad_fn for o in outs if o.grad_fn is not None]
+    seen = {id(n) for n in todo}
+    found: dict = {}
+    hit: set[int] = set()
+    while todo:
+        node = todo.pop()
+        for i, (nxt, nr) in enumerate(node.next_functions):
+            if nxt is None:
+                continue
+            var = getattr(nxt, "variable", None)
+            if (id(nxt), nr) in targets or (var is not None and id(var) in leaves):
+                found.setdefault(node, []).append(i)
+                hit.add(id(targets.get((id(nxt), nr), var)))
+            elif var is None and id(nxt) not in seen and nxt._sequence_nr() > bound:
+                seen.add(id(nxt))
+                todo.append(nxt)
+    return found if len(hit) == len({id(t) for t in ins}) else None
+
+
+class Hooks:
+    """The full hooks on the modules of ``root`` (``names``: module -> row name; ``ops``:
+    module -> classify's op), attached by ``attach()``, removed by ``detach()``.
+
+    What they read goes to the other parts: ``reads`` (observation.StepReads: each tensor read
+    once a step), ``acc`` (accumulator.Accumulator: rows and producer checks), ``shadows``
+    (shadows.Shadows: the float64 references of the output rows), ``sentinel`` (told when the
+    root's outputs hold no tensor it could read). ``watch`` says when to act: ``enabled``,
+    ``busy`` (a shadow runs: stand aside), ``recording`` (this step records rows),
+    ``checking()`` (the producer check runs), ``every``."""
+
+    def __init__(self, watch, root: nn.Module, names: dict, ops: dict, reads, acc, shadows,
+                 sentinel) -> None:
+        self.watch, self.root, self.names, self.ops = watch, root, names, ops
+        self.reads, self.acc, self.shadows, self.sentinel = reads, acc, shadows, sentinel
+        self.handles: list = []          # the module hooks, while attached
+        # the weights' gradient hooks, and the parameters they were put on: (id,
+        # requires_grad) of each, checked at each root forward (a layer unfrozen later)
+        self.weight_handles: list = []
+        self.params: tuple = ()
+        self.leaf_handles: list = []     # tensor hooks on leaf tensors: removed at step end
+        # running modules, innermost last: (name, the observation of its inputs read before
+        # the forward ran, or None)
+        self.stack: list[tuple] = []
+        # per forward call of a module in this step: [its grad_outputs' observation], filled
+        # by that call's grad_output hooks, read by its grad_input hooks and the weight's
+        self.cells: dict[str, list[list]] = {}
+        self.mode: _OpMode | None = None
+        self.root_seen = False   # a root forward ran under these hooks
+
+    # ---- attaching -----------------------------------------------------------------------
+
+    def attach(self) -> None:
+        for m, name in self.names.items():
+            self._attach(m, name, self.ops[m], m is self.root)
+        self.hook_weights()
+
+    def detach(self) -> None:
+        for h in (*self.handles, *self.weight_handles):
+            h.remove()
+        self.handles.clear()
+        self.weight_handles.clear()
+
+    def _attach(self, m: nn.Module, name: str, op: str | None, root: bool) -> None:
+        h = self.handles
+        # Dynamo must not trace the hooks of a torch.compile'd module (it cannot: "already
+        # tracked for mutation"); it runs them eagerly, between graphs
+        h.append(m.register_forward_pre_hook(_eager(self._pre(name, root)), with_kwargs=True))
+        h.append(m.register_forward_hook(_eager(self._post(name, op, root)), with_kwargs=True))
+
+    def params_key(self) -> tuple:
+        """Which parameters the model's modules have and which need a gradient, and which
+        submodules they hold (one replaced after ``watch``: its parameters are read); the
+        modules of ``watch``'s own parameter and module dicts, a sixth of ``parameters()``'s
+        walk."""
+        return tuple((id(p), p.requires_grad) for m in self.names
+                     for p in m._parameters.values() if p is not None) + \
+            tuple(id(c) for m in self.names for c in m._modules.values())
+
+    def hook_weights(self) -> None:
+        for h in self.weight_handles:
+            h.remove()
+        self.weight_handles.clear()
+        for m, name in self.names.items():
+            op = self.ops[m]
+            w = _weight(m) if op else None
+            if w is not None and w.requires_grad:
+                self.weight_handles.append(w.register_hook(self._wgrad(name, op)))
+        self.params = self.params_key()
+
+    def keep(self, t: torch.Tensor, handle) -> None:
+        if t.grad_fn is None:   # a leaf: the hook would stay on it after the graph is gone
+            self.leaf_handles.append(handle)
+
+    def drop_leaf_hooks(self) -> None:
+        for h in self.leaf_handles:
+            h.remove()
+        self.leaf_handles.clear()
+
+    def exit_mode(self) -> None:
+        if self.mode is not None:
+            mode, self.mode = self.mode, None
+            mode.__exit__(None, None, None)
+
+    def _unmode(self):
+        """Take this watch's _OpMode off the torch-function mode stack when it is the innermost
+        mode (a hook inside the root's forward), so that telemetry's own torch ops are not
+        intercepted; returns it for _remode (None: nothing taken off)."""
+        m = self.mode
+        if m is None:
+            return None
+        n = torch._C._len_torch_function_stack()
+        if n and torch._C._get_function_stack_at(n - 1) is m:
+            return torch._C._pop_torch_function_stack()
+        return None
+
+    # ---- the module hooks ----------------------------------------------------------------
+
+    def _pre(self, name, root):
+        tel, reads, shadows, ops = self.watch, self.reads, self.shadows, self.ops
+
+        def hook(mod, args, kwargs):
+            if not tel.enabled or tel.busy:
+                return
+            if root:
+                reads.forwards += 1
+                self.root_seen = True
+                if self.params_key() != self.params:   # unfrozen or replaced since armed
+                    self.hook_weights()
+            pre = None
+            mode = self._unmode()
+            try:
+                if tel.checking():
+                    # read before the forward runs: an in-place module changes its input
+                    ins = tensors(args) + tensors(kwargs) + _own_params(mod)
+                    if ins:   # full: a recorded row reads the same tensors next
+                        with _NoGrad():
+                            pre = reads.observe(ins, full=ops[mod] is not None
+                                                and tel.recording)
+                if shadows.on and tel.recording and mod.training and mod in shadows.layers:
+                    # the layer's shadow draws what this forward draws (dropout: same mask)
+                    shadows.note_rng(mod, args, kwargs)
+            finally:
+                _remode(mode)
+            self.stack.append((name, pre))
+            if root:
+                if shadows.model64 is not None and tel.recording:
+                    shadows.run_model(args, kwargs)
+                self.exit_mode()
+                self.mode = _OpMode(tel, self.on_op)
+                self.mode.__enter__()
+        return hook
+
+    def _post(self, name, op, root):
+        tel, reads, acc = self.watch, self.reads, self.acc
+
+        def hook(mod, args, kwargs, out):
+            pre = None
+            if self.stack and self.stack[-1][0] == name:
+                pre = self.stack.pop()[1]
+            if root:
+                self.exit_mode()
+            if not tel.enabled or tel.busy:
+                return
+            mode = self._unmode()
+            try:
+                with _NoGrad():
+                    ins = tensors(args) + tensors(kwargs)
+                    outs = tensors(out)
+                    if root and not outs and tel.every > 1:   # before any sentinel step
+                        self.sentinel.give_up("the root module's outputs hold no tensor the "
+                                              f"sentinel can read ({type(out).__name__})")
+                    rec = bool(op) and tel.recording
+                    if tel.checking() and outs:
+                        if pre is not None:
+                            # an output that is one of the inputs is read again: a write
+                            # through .data changes it behind its version counter
+                            acc.event(name, op or "module", "output", "forward", pre,
+                                      reads.observe(outs, full=rec,
+                                                    fresh={id(t) for t in ins}))
+                        else:
+                            self.check(name, op or "module", "output", "forward",
+                                       ins + _own_params(mod), outs, full=rec)
+                    if rec:
+                        self.record_forward(mod, name, op, args, kwargs, ins, outs)
+                if torch.is_grad_enabled() and (tel.checking() or (op and tel.recording)):
+                    self._backward_hooks(name, op, ins, outs)
+            finally:
+                _remode(mode)
+        return hook
+
+    def check(self, name, op, role, pass_, ins, outs, full: bool = False) -> None:
+        """A producer check of a call that consumed the tensors ``ins`` and made ``outs``."""
+        ins = [t for t in ins if t.is_floating_point()]
+        self.acc.event(name, op, role, pass_, self.reads.observe(ins, full=full),
+                       self.reads.observe(outs, full=full))
+
+    def record_forward(self, mod, name, op, args, kwargs, ins, outs) -> None:
+        """A watched module call's forward rows: its inputs, weight and outputs (the first
+        output's row with the shadows' fields)."""
+        acc = self.acc
+        for t in ins:
+            acc.add(name, op, "input", t)
+        w = _weight(mod)
+        if w is not None:
+            acc.add(name, op, "weight", w)
+        if not outs:
+            return
+        extra = []
+        if self.shadows.on:
+            extra = self.shadows.output_extra(mod, name, op, args, kwargs, outs[0])
+        acc.add(name, op, "output", outs[0], extra)
+        for t in outs[1:]:
+            acc.add(name, op, "output", t)
+
+    # ---- the backward's hooks ------------------------------------------------------------
+
+    def _backward_hooks(self, name, op, ins, outs) -> None:
+        """Tensor hooks for this call's backward: on its outputs (grad_output) and on its
+        inputs that need a gradient (grad_input). Tensor hooks add no node to the graph, so
+        the backward sums in the same order as without telemetry (module full backward hooks
+        do not: they change the last bits of the gradients). One cell per call: a module
+        called twice checks each call's grad_input against that call's grad_output. Hooks on
+        leaf tensors (a Parameter fed to a module) outlive the graph: their handles are kept
+        and removed at the step's end, on disable() and on close()."""
+        cell: list = [None]   # [the grad_outputs' observation]
+        self.cells.setdefault(name, []).append(cell)
+        for t in outs:
+            if t.requires_grad:
+                self.keep(t, t.register_hook(self._gout(name, op, cell)))
+        need = [t for t in ins if t.requires_grad]
+        own = _consumers(need, outs) if need and self.watch.checking() else None
+        if own:   # check this call's own share of each input's gradient, edge by edge
+            for node, edges in own.items():
+                node.register_hook(self._edges(name, op or "module", cell, edges))
+        if own and not op:
+            return   # such a hook would neither check (the node hooks do) nor record
+        for t in need:
+            self.keep(t, t.register_hook(self._gin(name, op or "module", cell,
+                                                   check=not own)))
+
+    def _edges(self, name, op, cell, edges):
+        tel = self.watch
+
+        def hook(grad_inputs, grad_outputs):
+            if not tel.enabled or tel.busy or not tel.checking() or cell[0] is None:
+                return None
+            gs = [grad_inputs[i] for i in edges if grad_inputs[i] is not None]
+            if gs:
+                with _NoGrad():
+                    self.acc.event(name, op, "grad_input", "backward", cell[0],
+                                   self.reads.observe(gs))
+            return None
+        return hook
+
+    def _gout(self, name, op, cell):
+        tel = self.watch
+
+        def hook(grad):
+            if not tel.enabled or tel.busy:
+                return None
+            with _NoGrad():
+                if tel.checking():   # (a call with several outputs: merged)
+                    cell[0] = merge_obs(cell[0], self.reads.observe(
+                        [grad], full=bool(op) and tel.recording))
+                if op and tel.recording:
+                    self.acc.add(name, op, "grad_output", grad)
+            return None
+        return hook
+
+    def _gin(self, name, op, cell, check=True):
+        tel = self.watch
+
+        def hook(grad):
+            if not tel.enabled or tel.busy:
+                return None
+            with _NoGrad():
+                if check and tel.checking() and cell[0] is not None:
+                    self.acc.event(name, op, "grad_input", "backward", cell[0],
+                                   self.reads.observe([grad], full=op != "module"
+                                                      and tel.recording))
+                if op != "module" and tel.recording:
+                    self.acc.add(name, op, "grad_input", grad)
+            return None
+        return hook
+
+    def _wgrad(self, name, op):
+        tel = self.watch
+
+        def hook(grad):
+            if not tel.enabled or tel.busy:
+                return None
+            with _NoGrad():
+                # the weight's gradient sums every call of the step: finite grad_outputs of
+                # all the calls whose backward has run, and a non-finite sum, name it
+                cells = [c[0] for c in self.cells.get(name, ()) if c[0] is not None]
+                if tel.checking() and cells:
+                    ins = cells[0]
+                    for c in cells[1:]:
+                        ins = merge_obs(ins, c)
+                    self.acc.event(name, op, "grad_weight", "backward", ins,
+                                   self.reads.observe([grad], full=tel.recording))
+                if tel.recording:
+                    self.acc.add(name, op, "grad_weight", grad)
+            return None
+        return hook
+
+    def on_op(self, op: str, args, out) -> None:
+        """A function-level op (sdpa, softmax) under the innermost running module."""
+        tel = self.watch
+        name = self.stack[-1][0] if self.stack else ROOT
+        ins, outs = tensors(args), tensors(out)
+        if tel.recording and torch.is_grad_enabled():
+            # its backward rows (grad_output, grad_input): tensor hooks, recording only; the
+            # backward producer check stays with the modules (an op's cell is not one of its
+            # module's calls, whose weight gradient check reads them)
+            cell: list = [None]
+            for t in outs:
+                if t.requires_grad:
+                    self.keep(t, t.register_hook(self._gout(name, op, cell)))
+            for t in ins:
+                if t.requires_grad:
+                    self.keep(t, t.register_hook(self._gin(name, op, cell, check=False)))
+        with _NoGrad():   # (inside __torch_function__: the mode is off already)
+            if tel.checking() and outs:
+                self.check(name, op, "output", "forward", ins, outs, tel.recording)
+            if tel.recording:
+                for t in ins:
+                    self.acc.add(name, op, "input", t)
+                for t in outs:
+                    self.acc.add(name, op, "output", t)

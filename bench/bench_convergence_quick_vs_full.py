@@ -24,7 +24,7 @@ from pathlib import Path
 import torch
 
 from numcheck.frontends import process as _process
-from numcheck.convergence.converge import RUN_SETTINGS, converge
+from numcheck.convergence.runs import RUN_SETTINGS, converge
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "suites"))

@@ -157,13 +157,6 @@ class Record:
     def label(self) -> str:
         return f"{self.op}/{self.kernel}/{self.case_id} {self.output}"
 
-    @property
-    def measured(self) -> bool:
-        """Something a golden row can hold: error statistics, a curve, a fingerprint or a
-        model's telemetry floors."""
-        return self.kernel_stats is not None or self.series is not None or \
-            (self.family in ("fingerprint", "telemetry") and bool(self.metrics))
-
     def metric(self, name: str, default: Any = None) -> Any:
         return (self.metrics or {}).get(name, default)
 
@@ -188,9 +181,9 @@ class Record:
     @classmethod
     def from_row(cls, row: dict[str, Any]) -> "Record":
         """A record from its flat form (a results or golden row, a JSON report); unknown
-        columns are ignored, missing ones take their defaults (``family``: from the row, see
-        ``family_of_row``)."""
-        kw: dict[str, Any] = {"family": family_of_row(row)}
+        columns are ignored, missing ones take their defaults (a row without ``family``: give
+        it, numcheck.verdicts.families.family_of_row)."""
+        kw: dict[str, Any] = {}
         for f in dataclasses.fields(cls):
             if f.name in STAT_SIDES:
                 side = STAT_SIDES[f.name]
@@ -213,22 +206,6 @@ class Record:
 
     def replace(self, **changes) -> "Record":
         return dataclasses.replace(self, **changes)
-
-
-def family_of_row(row: dict[str, Any]) -> str:
-    """The family of a golden or results row: its ``family`` column, or for rows without one
-    (golden files, results written before the column existed) what the row holds."""
-    if row.get("family"):
-        return row["family"]
-    if row.get("series") is not None:
-        return "convergence"
-    if row.get("output") == "fingerprint":
-        return "fingerprint"
-    if row.get("output") == "telemetry":  # numcheck.telemetry.telemetry_rules
-        return "telemetry"
-    if row.get("suite") == "quant" and row.get("op") in ("roundtrip", "gemm"):
-        return "quant"
-    return "ops"
 
 
 GOLDEN_FIELDS = tuple(f.name for f in dataclasses.fields(Record) if f.metadata.get("golden"))

@@ -20,7 +20,7 @@ import warnings
 import pytest
 
 from numcheck.convergence.recipes import DEFAULT_RECIPES
-from numcheck.convergence.converge import converge, share_references
+from numcheck.convergence.runs import converge, share_references
 from numcheck.frontends.plugin import case_set
 
 # Costliest first (the transformers' quantized recipes: 20-40 s each), so that under `-n 2` the

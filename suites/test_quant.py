@@ -11,7 +11,7 @@
   recipe's measured gap plus a margin.
 
 The floors and ceilings, with their measurements and margins, are the quant family's rules
-(numcheck/quant/rules.py); this module only enumerates the cases.
+(numcheck/quant/quant_rules.py); this module only enumerates the cases.
 """
 from __future__ import annotations
 

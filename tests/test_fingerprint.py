@@ -204,7 +204,7 @@ def test_failing_kernel_is_named():
 def test_order_simulation_rounds_like_fp32_hardware(mode):
     """The hypotheses' simulated accumulator (p = 23) against fp32 additions rounded by torch
     (RNE) and nextafter (directed), powers of two approached from both sides included."""
-    from numcheck.forensics.kernel_fingerprint import _round_bits
+    from numcheck.forensics.summation_orders import round_bits as _round_bits
     g = torch.Generator().manual_seed(0)
     n = 50_000
     a = torch.randn(n, generator=g) * torch.exp2(torch.randint(-30, 30, (n,), generator=g).float())

@@ -8,9 +8,11 @@ import pyarrow as pa
 
 from numcheck.goldens import store as golden
 from numcheck.goldens import regression
+from numcheck.verdicts import families
 from numcheck.verdicts import judge as verdict
 from numcheck.forensics.kernel_fingerprint import Fingerprint, as_record
-from numcheck.records import Golden, failing, family_of_row
+from numcheck.records import Golden, failing
+from numcheck.verdicts.families import family_of_row
 from numcheck.goldens.session import GoldenSession, _merges
 
 A = "AMD EPYC, AVX512, torch 2.13.0+cpu"
@@ -32,7 +34,7 @@ def _row(platforms=A, **changes) -> dict:
 
 def test_record_is_a_golden_row_of_its_own_family():
     rec = verdict.judge(as_record(_fp()))
-    assert rec.status == "passed" and rec.measured and rec.family == "fingerprint"
+    assert rec.status == "passed" and families.of(rec).measured(rec) and rec.family == "fingerprint"
     row = golden.to_row(rec)
     assert family_of_row({k: v for k, v in row.items() if k != "family"}) == "fingerprint"
     assert '"order": "sequential"' in row["metrics"] and '"deterministic": true' in row["metrics"]
@@ -83,6 +85,6 @@ def test_refresh_on_another_platform_replaces_a_different_fingerprint(tmp_path):
 
 def test_report_table():
     recs = [verdict.judge(as_record(_fp())), verdict.judge(as_record(_fp(acc_bits=13)))]
-    text = verdict.sections(recs)
+    text = families.sections(recs)
     assert "Kernel fingerprints" in text
     assert "| cpu | matmul | mine | bf16 | 13 | None | rne | sequential | True | True |" in text

@@ -16,7 +16,7 @@ import pytest
 from numcheck.goldens import store as golden
 from numcheck.catalog import kernels
 from numcheck.registry import Kernel
-from numcheck.run import verify
+from numcheck.verification import verify
 from numcheck.ops.variants import (ln_welford, matmul_blocked_fp32, matmul_partials_in_dtype,
                                matmul_split_k_reversed, rms_extra_rounding,
                                rms_reversed_fp32_sum, softmax_blocked_sum, softmax_online,

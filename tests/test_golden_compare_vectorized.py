@@ -1,7 +1,11 @@
-"""``regression.compare_kinds`` (whole columns, what ``numcheck compare`` runs) gives the verdict
-``regression.compare_row`` gives row by row, on every kind of row: NaN/inf/None statistics,
-missing and duplicated keys, other platforms (drift), ULP- and bias-gated rows, status changes,
-input digests, schema-1 files, convergence curves (judged by their family's own golden rule)."""
+"""The table compare and the row compare agree: ``regression.compare_kinds`` (the common rules on
+two joined tables, what ``numcheck compare`` runs) gives the verdict ``regression.compare_row``
+(the same rules on one pair of rows, plus the family's own) gives row by row, on randomized
+tables holding every kind of row: NaN/inf/None statistics, missing and duplicated keys, other
+platforms (drift), ULP- and bias-gated rows, status changes, input digests, schema-1 files,
+convergence curves (judged by their family's own golden rule). What differs between the two is
+how the rules read their inputs (arrow columns, or a row's values) and how their findings
+combine into a kind."""
 from __future__ import annotations
 
 import json
@@ -157,7 +161,7 @@ def _write(path, rows: list[dict], schema: pa.Schema = golden.RESULTS_SCHEMA, ve
 
 
 def _reference(old_path, new_path) -> dict[tuple, Change]:
-    """compare_row on every row, as numcheck compare ran before compare_kinds."""
+    """compare_row on every row (the row compare), as numcheck compare ran before compare_kinds."""
     old, new = golden.read(old_path, results=True), golden.read(new_path, results=True)
     changes = [compare_row(old.rows.get(k), row, row.get("family")) for k, row in new.rows.items()]
     changes += [Change(k, "removed", ["row not in NEW"], row, None)

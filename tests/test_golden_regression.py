@@ -111,3 +111,49 @@ def test_curve_rows_use_the_window_band():
     assert better.kind == "improved" and "below" in better.messages[0]
     nan = compare_row(gold, _curve([0.01] * 99 + [math.nan], [0.002] * 100))
     assert nan.kind == "regressed" and "non-finite" in nan.messages[0]
+
+
+A, B = "AMD EPYC, AVX512, torch 2.13.0+cpu", "AMD EPYC, AVX2, torch 2.13.0+cpu"
+
+
+def _gated(**kw):
+    row = golden.to_row(_record(rel=1e-3, platforms=A, gate_ulp=True, gate_bias=True))
+    row.update(kernel_n=4096, kernel_n_compared=4096)
+    return dict(row, **kw)
+
+
+@pytest.mark.parametrize("old, new, kind, messages", [
+    (_gated(), _gated(kernel_rel_l2=2e-3, kernel_sqnr_db=53.98, kernel_min_block_sqnr_db=40.0,
+                      kernel_max_ulp=3, kernel_mag_bias_ulp=-0.5, kernel_n_nan=2,
+                      kernel_nonfinite_mismatch=1, status="failed"), "regressed", [
+        "non-finite: 2 NaN/inf (1 unlike the reference), golden 0 (0)",
+        "rel_l2 0.001 -> 0.002 (SQNR 60.0 -> 53.98 dB) (slack 0.0002)",
+        "worst block SQNR 50.12 -> 40.0 dB (rel 0.00312 -> 0.01) (slack 0.00055)",
+        "max ULP 1 -> 3 (slack 1)",
+        "|mean ULP toward larger magnitude| 0.000 -> 0.500 (slack 0.100; truncation gives 0.5)",
+        "absolute rules: passed -> failed"]),
+    (_gated(), _gated(kernel_rel_l2=1e-4, kernel_sqnr_db=80.0, kernel_min_block_sqnr_db=70.0),
+     "improved", [
+        "rel_l2 0.001 -> 0.0001 (SQNR 60.0 -> 80.0 dB) (beyond slack 0.0002)",
+        "worst block SQNR 50.12 -> 70.0 dB (rel 0.00312 -> 0.000316) (beyond slack 0.00055)"]),
+    (_gated(), _gated(platforms=B, kernel_rel_l2=1.3e-3, kernel_min_block_sqnr_db=48.4,
+                      kernel_max_ulp=3, kernel_mag_bias_ulp=0.2), "drift", [
+        "rel_l2 0.001 -> 0.0013 (SQNR 60.0 -> 60.0 dB): within the cross-platform slack 0.0002",
+        "worst block SQNR 50.12 -> 48.4 dB (rel 0.00312 -> 0.0038): within the cross-platform "
+        "slack 0.00031",
+        "max ULP 1 -> 3: within the cross-platform slack 1",
+        "|mean ULP toward larger magnitude| 0.000 -> 0.200 (slack 0.100; truncation gives 0.5): "
+        "within the cross-platform bound 0.25",
+        f"golden recorded on {A}; here {B} (AVX512 -> AVX2)"]),
+    (_gated(), _gated(status="error", kernel_n=None), "regressed",
+     ["the kernel now fails to run (passed -> error)"]),
+    (_gated(status="error", kernel_n=None), _gated(), "improved",
+     ["the kernel runs again (error -> passed)"]),
+    (_gated(kernel_n_nan=3, kernel_n_inf=1, kernel_nonfinite_mismatch=1), _gated(), "improved",
+     ["non-finite: 4 -> 0"]),
+], ids=["worse", "better", "drift", "fails-to-run", "runs-again", "fewer-nonfinite"])
+def test_every_common_rule_words_its_finding_as_users_read_it(old, new, kind, messages):
+    """The messages of each common rule, word for word (users and tests read them; they were
+    written row by row before the rules were shared with numcheck compare)."""
+    ch = compare_row(old, new)
+    assert (ch.kind, ch.messages) == (kind, messages)

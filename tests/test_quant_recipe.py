@@ -217,6 +217,6 @@ def test_torch_scaled_mm_skips_other_recipes_with_reason():
 
 @pytest.mark.slow  # runs the op's grid cases for the torch kernel through numcheck's pipeline
 def test_scaled_matmul_op_verifies_torch_kernel():
-    from numcheck.run import verify
+    from numcheck.verification import verify
     v = verify("scaled_matmul", OQ.torch_scaled_mm, device="cpu")
     assert v.passed and v.executed >= 4

@@ -1,4 +1,4 @@
-"""The quant family's rules (numcheck/quant/rules.py): tables complete, floors that can fail."""
+"""The quant family's rules (numcheck/quant/quant_rules.py): tables complete, floors that can fail."""
 from __future__ import annotations
 
 import math

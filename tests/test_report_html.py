@@ -13,9 +13,10 @@ import torch
 from numcheck.goldens import store as golden
 from numcheck.measure.errorstats import ErrorStats
 from numcheck.records import Golden, Record, Status
-from numcheck.report.html import (FULL_FAILURES, MAX_STEPS, REASON_CHARS, html_report,
-                                  telemetry_html)
-from numcheck.run import ulp_histogram, verify
+from numcheck.report.html import FULL_FAILURES, REASON_CHARS, html_report
+from numcheck.telemetry.telemetry_html import MAX_STEPS, telemetry_html
+from numcheck.run import ulp_histogram
+from numcheck.verification import verify
 
 EVIL = "<script>alert(1)</script>"
 REPRO = "numcheck verify --op rms_norm --kernel 'pkg.k:f<T>&x' --adhoc '{\"seed\":0}'"
@@ -597,7 +598,7 @@ def test_results_report_per_step_keeps_nonfinite_steps_and_poison_and_skips_malf
     """Past MAX_STEPS columns the steps are sampled, but a step with a NaN or Inf is always
     drawn; two records of one layer merge to the worse value, a NaN to NaN, an undefined step
     (None) to the other's value; a malformed list (another length) is left out."""
-    from numcheck.report.html import MAX_STEPS, _shown_steps
+    from numcheck.telemetry.telemetry_html import MAX_STEPS, _shown_steps
     n = 3 * MAX_STEPS
     sampled = _shown_steps(list(range(n)))
     bad_step = next(s for s in range(n) if s not in sampled)
@@ -638,7 +639,7 @@ def test_a_run_that_stays_non_finite_adds_one_column_not_one_per_step():
     """A run that diverges at a step and stays NaN: the onset is drawn, the later NaN steps
     are sampled like any other; a malformed per_step (an Infinity step, a huge value) is left
     out without breaking the page."""
-    from numcheck.report.html import MAX_STEPS, _shown_steps
+    from numcheck.telemetry.telemetry_html import MAX_STEPS, _shown_steps
     n = 20 * MAX_STEPS
     sampled = _shown_steps(list(range(n)))
     onset = next(s for s in range(n // 2, n) if s not in sampled)

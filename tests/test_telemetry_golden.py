@@ -19,11 +19,14 @@ import torch
 
 from numcheck import telemetry
 from numcheck.goldens import store as golden
-from numcheck.records import Record, Status, family_of_row
+from numcheck.records import Record, Status
+from numcheck.verdicts.families import family_of_row
 from numcheck.goldens.regression import compare_row
 from numcheck.goldens.session import GoldenSession
 from numcheck.telemetry.floors import as_records, floors
-from numcheck.telemetry.telemetry_rules import PCT_SLACK_ELEMENTS, SQNR_SLACK_DB, merge_metrics, unbakeable
+from numcheck.telemetry.telemetry_rules import (PCT_SLACK_ELEMENTS, SHADOW_CROSS_DB,
+                                               SHADOW_SLACK_DB, SQNR_SLACK_DB, merge_metrics,
+                                               unbakeable)
 from numcheck.verdicts.judge import judge
 
 pytest_plugins = ["pytester"]
@@ -306,3 +309,23 @@ def test_per_step_values_are_the_frames_and_travel_in_results_only(tmp_path):
     assert got["step"] == r.per_step["step"] and got["sqnr_db_floor"][0] is None
     assert got["sqnr_db_floor"][1:] == r.per_step["sqnr_db_floor"][1:]
     assert "per_step" in golden.RESULTS_SCHEMA.names and "per_step" not in golden.COLUMNS
+
+
+@pytest.mark.parametrize("platforms, floor, kind", [
+    ("cpu, AVX512, torch 2.13.0+cpu", 134.3, "regressed"),  # same platform: 3 dB slack
+    ("Intel Xeon, AVX512, torch 2.13.0+cpu", 134.3, "drift"),  # CI's 2026-12-03 case
+    ("Intel Xeon, AVX512, torch 2.13.0+cpu", 137.6 - SHADOW_SLACK_DB - SHADOW_CROSS_DB - 0.1,
+     "regressed"),
+    ("Intel Xeon, AVX512, torch 2.13.0+cpu", 60.0, "regressed"),  # the layer ran in bf16
+    ("Intel Xeon, AVX512, torch 2.13.0+cpu", float("nan"), "regressed"),
+])
+def test_shadow_floors_get_a_cross_platform_slack_on_another_platform_only(platforms, floor, kind):
+    """An fp32 layer's error against float64 depends on the CPU's GEMM (its blocking, AMX): on
+    a platform outside the golden's envelope a shadow floor within SHADOW_CROSS_DB more is drift,
+    while a layer that lost its fp32 precision regresses everywhere."""
+    old = _row(case="m/fp32/fc/output", shadow_sqnr_db_floor=137.6)
+    new = _row(case="m/fp32/fc/output", platforms=platforms, shadow_sqnr_db_floor=floor)
+    ch = compare_row(old, new)
+    assert ch.kind == kind, ch.messages
+    if kind == "drift":
+        assert any("cross-platform slack" in m for m in ch.messages), ch.messages

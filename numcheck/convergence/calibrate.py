@@ -12,7 +12,7 @@ import json
 import numpy as np
 
 from numcheck.convergence import gate
-from numcheck.convergence.converge import converge
+from numcheck.convergence.runs import converge
 
 
 def measure(model: str, steps: int, seeds, recipes=None) -> dict:

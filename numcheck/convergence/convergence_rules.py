@@ -7,27 +7,43 @@ from __future__ import annotations
 import math
 
 from numcheck.records import Record
+from numcheck.verdicts.family import Family, Section
 from numcheck.convergence.gate import window_regression
 from numcheck.convergence.plot import plot_series
 
 
-class ConvergenceRules:
-    family = "convergence"
+class ConvergenceRules(Family):
+    name = family = "convergence"
+
+    def holds(self, row: dict) -> bool:
+        return row.get("series") is not None
+
+    def merges(self, old: dict, new: dict) -> bool:
+        return False  # a curve is always replaced: its band is the golden rule's own envelope
+
+    def html_section(self, records: list[Record], mode: str) -> Section | None:
+        from numcheck.convergence.convergence_html import curves_section
+        return curves_section(records)
+
+    def no_histogram_reason(self, record: Record) -> str | None:
+        if record.series is None:
+            return None
+        return "a convergence record holds a loss curve, not element errors"
 
     def absolute(self, record: Record, policy=None) -> list[str]:
         return list(record.findings)
 
-    def golden(self, old: dict, new: dict) -> tuple[list[str], list[str]]:
+    def golden(self, old: dict, new: dict, foreign: bool = False):
         """A smoothed window of the paired loss difference above the golden band regresses; one
         below it is reported as improved (lower loss than recorded)."""
         if new.get("series") is None or old.get("series") is None:
-            return [], []
+            return [], [], []
         band = old.get("series_band") or []
         worse = window_regression(new["series"], old["series"], band, sides="upper")
         better = [m.replace("above", "below").replace("by +", "by -") for m in window_regression(
             [-v for v in new["series"]], [-v for v in old["series"]], band, sides="upper")
             if "non-finite" not in m and "length" not in m]
-        return worse, better
+        return worse, better, []
 
     def section(self, records: list[Record], plot_path=None) -> str:
         conv = [r for r in records if r.series is not None]

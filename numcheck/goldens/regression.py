@@ -21,22 +21,25 @@ half bit grows the error by 19% or 41% of itself. Calibration: docs/golden-slack
     plus each family's own golden rules (numcheck.verdicts.judge: curves leaving their band)
 
 Changed inputs (digest differs) are reported as such, never as a regression or improvement.
+
+The common rules above are written once, over columns (``_common_rules``): ``numcheck compare``
+runs them on two joined tables (``compare_kinds``), ``compare_row`` on one pair of rows (``_Row``:
+numpy scalars, no table) and words what they found; a family's own rules stay row-wise.
 """
 from __future__ import annotations
 
 import json
 import math
 from dataclasses import dataclass, field
-from typing import Callable
+from typing import Callable, NamedTuple
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
 from numcheck.goldens import store as golden
-from numcheck.verdicts import judge as verdict
+from numcheck.verdicts import families
 from numcheck.goldens.store import KEY, PLATFORM_SEP, platform_difference, platforms_of
-from numcheck.records import family_of_row
 
 # Constants measured in docs/golden-slack-calibration.md (bench/calibrate_golden_slack.py,
 # 4710 benign rows: reordered/blocked fp32 sums, Welford, online softmax, split-K GEMM, ...):
@@ -85,11 +88,6 @@ CROSS_BIAS = 0.25
 # max ULP: no ULP-gated row moved across tiers (54 bf16, 26 fp32 rows; all exact ops) -> one
 # ULP beyond the same-platform slack.
 CROSS_ULP = 1
-
-
-def s_e(u: float) -> float:
-    """Slack in units of E for results whose verdict unit roundoff is ``u``."""
-    return S_E_LOW if u >= 2.0 ** -11 else S_E_FP32
 
 
 @dataclass
@@ -147,130 +145,70 @@ def _fmt(x) -> str:
     return "-" if x is None else f"{x:.4g}" if isinstance(x, float) else str(x)
 
 
-def _block_rel(db: float | None) -> float:
-    if db is None or _nan(db):
-        return math.nan
-    try:
-        return 0.0 if db == math.inf else 10.0 ** (-db / 20.0)
-    except OverflowError:  # below -6165 dB: an error beyond the largest float
-        return math.inf
-
-
-def error_slack(old: float, yardstick: float, n: int, u: float) -> float:
-    """Allowed growth of an error metric (rel_l2 or a block's rel) over its golden value."""
-    spread = Z * old / math.sqrt(2 * max(n, 1))
-    return max(s_e(u or 0.0) * yardstick, spread, F * (u or 0.0))
-
-
-def cross_slack(yardstick: float, u: float) -> float:
-    """Allowed growth of an error metric beyond the same-platform slack, on a platform the
-    golden was not recorded on."""
-    u = u or 0.0
-    if yardstick < CROSS_EXACT_BELOW * u:  # the golden platform computed it (nearly) exactly
-        return CROSS_EXACT_U * u
-    return (CROSS_E_LOW if u >= 2.0 ** -11 else CROSS_E_FP32) * yardstick
-
-
-def _foreign(old: dict, new: dict) -> bool:
-    """Does ``new`` come from a platform outside ``old``'s envelope? (Rows without platforms
-    are compared as same-platform rows: the strict side.)"""
-    here, seen = platforms_of(new), platforms_of(old)
-    return bool(here and seen) and not set(here) <= set(seen)
-
-
-def _nonfinite(row: dict) -> tuple[int, int]:
-    return ((row.get("kernel_n_nan") or 0) + (row.get("kernel_n_inf") or 0),
-            row.get("kernel_nonfinite_mismatch") or 0)
-
-
 def compare_row(old: dict | None, new: dict, family: str | None = None) -> Change:
     """The golden verdict of ``new`` (a golden-schema row) against ``old`` (None: no golden):
-    the common statistics rules below plus the family's own golden rules (``family``: whose
-    rules, default from the row: ``numcheck.records.family_of_row``)."""
+    the common statistics rules (``_common_rules``, run on the pair as a one-row table) plus the
+    family's own golden rules (``family``: whose rules, default from the row)."""
     key = golden.key_of(new)
     if old is None:
         return Change(key, "new", ["no golden row for this case"], None, new)
-    if old.get("input_digest") and new.get("input_digest") and \
-            old["input_digest"] != new["input_digest"]:
+    with np.errstate(all="ignore"):  # NaN and inf propagate as in Python's float maths
+        inputs_changed, rules, values = _common_rules(_Row(old, new))
+    if inputs_changed:
         return Change(key, "inputs_changed", [
             f"input digest {old['input_digest']} -> {new['input_digest']}: the case's inputs "
             "changed (generator, distribution or op input builder); refresh the golden"], old, new)
-    family_rules = verdict.rules(family or family_of_row(new))
-    worse, better = family_rules.golden(old, new) if family_rules.golden else ([], [])
-    if worse and getattr(family_rules, "platform_bound", False) and _foreign(old, new):
+    family_rules = _family_rules(family, new)
+    foreign = _foreign(old, new)
+    worse, better, drift = family_rules.golden(old, new, foreign) if family_rules.golden \
+        else ([], [], [])
+    if worse and family_rules.platform_bound and foreign:
         # values that belong to the platform they were measured on (fingerprints): another
         # platform's differ by design, reported as drift, never as a regression
-        return Change(key, "drift", worse + [_recorded_on(old, new)], old, new)
-    if new.get("status") == "error" and old.get("status") != "error":
-        worse.append(f"the kernel now fails to run ({old.get('status')} -> error)")
-    if new.get("kernel_n") is None or old.get("kernel_n") is None:
-        if old.get("status") == "error" and new.get("status") not in (None, "error"):
-            better.append("the kernel runs again (error -> " + str(new.get("status")) + ")")
-        return _verdict(key, worse, better, old, new)
-
-    (o_nf, o_mm), (n_nf, n_mm) = _nonfinite(old), _nonfinite(new)
-    if n_nf > o_nf or n_mm > o_mm:
-        worse.append(f"non-finite: {n_nf} NaN/inf ({n_mm} unlike the reference), golden "
-                     f"{o_nf} ({o_mm})")
-    elif n_nf < o_nf or n_mm < o_mm:
-        better.append(f"non-finite: {o_nf} -> {n_nf}")
-
-    # Another platform than the envelope's: the cross-platform slack on top (never for
-    # non-finite values or the absolute rules: those hold on every machine).
-    foreign = _foreign(old, new)
-    drift: list[str] = []
-
-    def judge(label: str, o: float, n_: float, slack: float, cross: float) -> None:
-        if not n_ <= o + slack:  # NaN is worse
-            msg = f"{label} (slack {slack:.2g})"
-            if foreign and n_ <= o + slack + cross:
-                drift.append(f"{label}: within the cross-platform slack {cross:.2g}")
-            else:
-                worse.append(msg)
-        elif n_ < o - slack:
-            better.append(f"{label} (beyond slack {slack:.2g})")
-
-    u = old.get("u") or 0.0
-    n = int(old.get("kernel_n_compared") or old.get("kernel_n") or 1)
-    o_rel, n_rel = old.get("kernel_rel_l2"), new.get("kernel_rel_l2")
-    yard = max(o_rel or 0.0, old.get("baseline_rel_l2") or 0.0)
-    if o_rel is not None and n_rel is not None and math.isfinite(o_rel):
-        judge(f"rel_l2 {o_rel:.4g} -> {n_rel:.4g} (SQNR {old.get('kernel_sqnr_db')} -> "
-              f"{new.get('kernel_sqnr_db')} dB)", o_rel, n_rel,
-              error_slack(o_rel, yard, n, u), cross_slack(yard, u))
-
-    nb = max(1, n // max(1, int(old.get("kernel_n_blocks") or 1)))
-    o_b, n_b = (_block_rel(old.get("kernel_min_block_sqnr_db")),
-                _block_rel(new.get("kernel_min_block_sqnr_db")))
-    b_yard = max(o_b, _block_rel(old.get("baseline_min_block_sqnr_db")))
-    if math.isfinite(o_b) and not _nan(b_yard):
-        judge(f"worst block SQNR {old.get('kernel_min_block_sqnr_db')} -> "
-              f"{new.get('kernel_min_block_sqnr_db')} dB (rel {o_b:.3g} -> {n_b:.3g})",
-              o_b, n_b, error_slack(o_b, b_yard, nb, u), cross_slack(b_yard, u))
-
-    if old.get("gate_ulp") and old.get("kernel_max_ulp") is not None:
-        o_u, n_u = old["kernel_max_ulp"], new.get("kernel_max_ulp")
-        slack = max(ULP_SLACK_MIN, math.ceil(ULP_SLACK_FRAC * o_u))
-        judge(f"max ULP {o_u} -> {n_u}", o_u, math.nan if n_u is None else n_u, slack,
-              CROSS_ULP)
-    if old.get("gate_bias") and old.get("kernel_mag_bias_ulp") is not None:
-        o_m = abs(old["kernel_mag_bias_ulp"])
-        n_m = abs(new.get("kernel_mag_bias_ulp") if new.get("kernel_mag_bias_ulp") is not None
-                  else math.nan)
-        slack = max(BIAS_SLACK, 4 / math.sqrt(n))
-        label = (f"|mean ULP toward larger magnitude| {o_m:.3f} -> {n_m:.3f} (slack "
-                 f"{slack:.3f}; truncation gives 0.5)")
-        if foreign and n_m <= max(o_m + slack, CROSS_BIAS):
-            if not n_m <= o_m + slack:
-                drift.append(f"{label}: within the cross-platform bound {CROSS_BIAS}")
-        elif not n_m <= o_m + slack:
-            worse.append(label)
-    if old.get("status") == "passed" and new.get("status") in ("failed", "error"):
-        worse.append(f"absolute rules: passed -> {new.get('status')}")
+        return Change(key, "drift", worse + drift + [_recorded_on(old, new)], old, new)
+    for name, found in rules.items():  # each rule finds a row worse, drifted, better or none
+        for side, into in (("worse", worse), ("drift", drift), ("better", better)):
+            if getattr(found, side):
+                into.append(_message(name, side, found, values, old, new))
     if drift and not worse:
         drift.append(_recorded_on(old, new))
         return Change(key, "drift", drift, old, new)
     return _verdict(key, worse, better, old, new)
+
+
+def _message(rule: str, side: str, found: _Found, v: dict, old: dict, new: dict) -> str:
+    """What compare_row says of a common rule that found the row worse, better or drifted
+    (``side``); ``v``: the values the rules computed."""
+    if rule == "status_error":
+        return f"the kernel now fails to run ({old.get('status')} -> error)"
+    if rule == "runs_again":
+        return "the kernel runs again (error -> " + str(new.get("status")) + ")"
+    if rule == "absolute":
+        return f"absolute rules: passed -> {new.get('status')}"
+    if rule == "nonfinite":
+        o_nf, o_mm, n_nf, n_mm = (int(v[k]) for k in ("o_nf", "o_mm", "n_nf", "n_mm"))
+        if side == "worse":
+            return (f"non-finite: {n_nf} NaN/inf ({n_mm} unlike the reference), golden "
+                    f"{o_nf} ({o_mm})")
+        return f"non-finite: {o_nf} -> {n_nf}"
+    slack = found.slack
+    if rule == "bias":
+        label = (f"|mean ULP toward larger magnitude| {v['o_m']:.3f} -> {v['n_m']:.3f} (slack "
+                 f"{slack:.3f}; truncation gives 0.5)")
+        return label if side == "worse" else \
+            f"{label}: within the cross-platform bound {CROSS_BIAS}"
+    if rule == "rel_l2":
+        label = (f"rel_l2 {v['o_rel']:.4g} -> {v['n_rel']:.4g} (SQNR {old.get('kernel_sqnr_db')} "
+                 f"-> {new.get('kernel_sqnr_db')} dB)")
+    elif rule == "block":
+        label = (f"worst block SQNR {old.get('kernel_min_block_sqnr_db')} -> "
+                 f"{new.get('kernel_min_block_sqnr_db')} dB (rel {v['o_b']:.3g} -> "
+                 f"{v['n_b']:.3g})")
+    else:  # max_ulp: the values as the rows hold them (integers)
+        label = f"max ULP {old['kernel_max_ulp']} -> {new.get('kernel_max_ulp')}"
+    return {"worse": f"{label} (slack {slack:.2g})",
+            "drift": f"{label}: within the cross-platform slack {found.cross:.2g}",
+            "better": f"{label} (beyond slack {slack:.2g})"}[side]
 
 
 def _recorded_on(old: dict, new: dict) -> str:
@@ -286,6 +224,181 @@ def _verdict(key, worse, better, old, new) -> Change:
     if better:
         return Change(key, "improved", better, old, new)
     return Change(key, "same", [], old, new)
+
+
+def _family_rules(family: str | None, row: dict):
+    """The Family of ``family`` (None: the row's family): where this module looks families up."""
+    return families.get(family) if family else families.of_row(row)
+
+
+# --- the common statistics rules, written once over columns -------------------------------------
+# Columns of two joined tables (_Columns: numcheck compare) or of one row pair (_Row: compare_row);
+# numpy's float64 maths is Python's (IEEE double, correctly rounded +-*/ and sqrt) except ``**``,
+# which runs in Python (_block_rel, once per distinct value).
+
+class _Found(NamedTuple):
+    """Where one common rule finds a row worse, better or drifted (within the cross-platform
+    slack; never two of them for one row), and the slacks it allowed, per row (arrays; numpy
+    scalars for compare_row's one row)."""
+
+    worse: np.ndarray
+    better: np.ndarray
+    drift: np.ndarray
+    slack: np.ndarray | float | None = None
+    cross: np.ndarray | float | None = None
+
+
+def _common_rules(col: _Columns | _Row) -> tuple[np.ndarray, dict[str, _Found], dict[str,
+                                                                                     np.ndarray]]:
+    """The common statistics rules, per row of ``col``: (inputs changed, what each rule found in
+    the order of compare_row's messages, the values the messages name)."""
+    # both rows carry an input digest (not None, not empty) and the digests differ
+    inputs_changed = col.nonempty("old:input_digest") & col.nonempty("new:input_digest") & \
+        col.differ("input_digest")
+    o_status, n_status = col.strings("old:status"), col.strings("new:status")
+    # without statistics on both sides only the status rules apply
+    stats = col.floats("old:kernel_n")[1] & col.floats("new:kernel_n")[1]
+    none = np.zeros_like(stats)
+    found = {"status_error": _Found((n_status == "error") & (o_status != "error"), none, none),
+             "runs_again": _Found(none, ~stats & (o_status == "error") & np.not_equal(
+                 n_status, None) & (n_status != "error"), none)}
+    zero = col.zero_if_null  # `row.get(name) or 0`
+
+    o_nf = zero("old:kernel_n_nan") + zero("old:kernel_n_inf")
+    n_nf = zero("new:kernel_n_nan") + zero("new:kernel_n_inf")
+    o_mm, n_mm = zero("old:kernel_nonfinite_mismatch"), zero("new:kernel_nonfinite_mismatch")
+    worse = (n_nf > o_nf) | (n_mm > o_mm)
+    found["nonfinite"] = _Found(stats & worse, stats & ~worse & ((n_nf < o_nf) | (n_mm < o_mm)),
+                                none)
+    # Another platform than the envelope's: the cross-platform slack on top (never for
+    # non-finite values or the absolute rules: those hold on every machine).
+    foreign = col.per_distinct(lambda a, b: _foreign({"platforms": a}, {"platforms": b}), bool,
+                               "old:platforms", "new:platforms")
+
+    def judge(applies, o, n_, slack, cross) -> _Found:
+        exceeds = applies & ~(n_ <= o + slack)  # NaN is worse
+        drifts = exceeds & foreign & (n_ <= o + slack + cross)
+        return _Found(stats & exceeds & ~drifts, stats & applies & ~exceeds & (n_ < o - slack),
+                      stats & drifts, slack, cross)
+
+    u = zero("old:u")
+    kc, kn = zero("old:kernel_n_compared"), zero("old:kernel_n")
+    n = _where(kc != 0, kc, _where(kn != 0, kn, 1.0))
+    (o_rel, o_rel_ok), (n_rel, n_rel_ok) = col.floats("old:kernel_rel_l2"), col.floats(
+        "new:kernel_rel_l2")
+    yard = _max(zero("old:kernel_rel_l2"), zero("old:baseline_rel_l2"))
+    found["rel_l2"] = judge(o_rel_ok & n_rel_ok & np.isfinite(o_rel), o_rel, n_rel,
+                            error_slack(o_rel, yard, n, u), cross_slack(yard, u))
+
+    n_blocks = zero("old:kernel_n_blocks")
+    nb = np.maximum(1.0, n // np.maximum(1.0, _where(n_blocks != 0, n_blocks, 1.0)))
+    o_b = col.per_distinct(_block_rel, np.float64, "old:kernel_min_block_sqnr_db")
+    n_b = col.per_distinct(_block_rel, np.float64, "new:kernel_min_block_sqnr_db")
+    b_yard = _max(o_b, col.per_distinct(_block_rel, np.float64, "old:baseline_min_block_sqnr_db"))
+    found["block"] = judge(np.isfinite(o_b) & ~np.isnan(b_yard), o_b, n_b,
+                           error_slack(o_b, b_yard, nb, u), cross_slack(b_yard, u))
+
+    o_u, o_u_ok = col.floats("old:kernel_max_ulp")
+    n_u = col.floats("new:kernel_max_ulp")[0]  # NaN where None: worse
+    found["max_ulp"] = judge(col.flags("old:gate_ulp") & o_u_ok, o_u, n_u,
+                             np.maximum(ULP_SLACK_MIN, np.ceil(ULP_SLACK_FRAC * o_u)), CROSS_ULP)
+
+    o_m, o_m_ok = col.floats("old:kernel_mag_bias_ulp")
+    o_m, n_m = abs(o_m), abs(col.floats("new:kernel_mag_bias_ulp")[0])
+    slack = _max(BIAS_SLACK, 4 / np.sqrt(n))
+    exceeds = col.flags("old:gate_bias") & o_m_ok & ~(n_m <= o_m + slack)
+    # another platform: up to the absolute truncation gate, whatever the golden's bias
+    within_cross = foreign & (n_m <= _max(o_m + slack, CROSS_BIAS))
+    found["bias"] = _Found(stats & exceeds & ~within_cross, none, stats & exceeds & within_cross,
+                           slack)
+    found["absolute"] = _Found(stats & (o_status == "passed") & (
+        (n_status == "failed") | (n_status == "error")), none, none)
+    values = {"o_nf": o_nf, "o_mm": o_mm, "n_nf": n_nf, "n_mm": n_mm, "o_rel": o_rel,
+              "n_rel": n_rel, "o_b": o_b, "n_b": n_b, "o_m": o_m, "n_m": n_m}
+    return inputs_changed, found, values
+
+
+def s_e(u):
+    """Slack in units of E for results whose verdict unit roundoff is ``u`` (floats or arrays)."""
+    return _where(u >= 2.0 ** -11, S_E_LOW, S_E_FP32)
+
+
+def error_slack(old, yardstick, n, u):
+    """Allowed growth of an error metric (rel_l2 or a block's rel) over its golden value (floats
+    or arrays of them: an array)."""
+    spread = Z * old / np.sqrt(2 * np.maximum(n, 1))
+    return _max(_max(s_e(u) * yardstick, spread), F * u)
+
+
+def cross_slack(yardstick, u):
+    """Allowed growth of an error metric beyond the same-platform slack, on a platform the
+    golden was not recorded on (floats or arrays of them: an array)."""
+    per_e = _where(u >= 2.0 ** -11, CROSS_E_LOW, CROSS_E_FP32) * yardstick
+    # the golden platform computed it (nearly) exactly: one rounding elsewhere
+    return _where(yardstick < CROSS_EXACT_BELOW * u, CROSS_EXACT_U * u, per_e)
+
+
+def _max(a, b):
+    """Python's max(a, b) elementwise, NaN included: b only where b > a."""
+    return _where(b > a, b, a)
+
+
+def _where(cond, a, b):
+    """np.where; on scalars (compare_row's one row) Python's conditional (np.where takes
+    about 1.3 us a call on scalars, 50 ns this way; a row makes about 15 of them)."""
+    return np.where(cond, a, b) if isinstance(cond, np.ndarray) else a if cond else b
+
+
+def _block_rel(db: float | None) -> float:
+    if db is None or _nan(db):
+        return math.nan
+    try:
+        return 0.0 if db == math.inf else 10.0 ** (-db / 20.0)
+    except OverflowError:  # below -6165 dB: an error beyond the largest float
+        return math.inf
+
+
+def _foreign(old: dict, new: dict) -> bool:
+    """Does ``new`` come from a platform outside ``old``'s envelope? (Rows without platforms
+    are compared as same-platform rows: the strict side.)"""
+    here, seen = platforms_of(new), platforms_of(old)
+    return bool(here and seen) and not set(here) <= set(seen)
+
+
+class _Row:
+    """One pair of rows (dicts) as the rules' columns, by ``"old:<column>"`` / ``"new:<column>"``:
+    what compare_row feeds them. Numbers and truths as numpy scalars (``~`` negates, as on
+    arrays; a Python bool's ``~`` would not), strings as the rows hold them (their comparisons
+    are Python bools: the rules combine them with ``&`` and ``|`` only). No arrow table, no
+    arrays: a one-row table costs milliseconds, this tens of microseconds."""
+
+    def __init__(self, old: dict, new: dict):
+        self._rows = {"old": old, "new": new}
+
+    def _get(self, key: str):
+        return self._rows[key[:3]].get(key[4:])  # "old:" or "new:"
+
+    def floats(self, key: str) -> tuple[np.float64, np.bool_]:
+        v = self._get(key)
+        return np.float64(math.nan if v is None else v), np.bool_(v is not None)
+
+    def zero_if_null(self, key: str) -> np.float64:
+        return np.float64(self._get(key) or 0.0)
+
+    def flags(self, key: str) -> np.bool_:
+        return np.bool_(bool(self._get(key)))
+
+    def strings(self, key: str) -> str | None:
+        return self._get(key)
+
+    def nonempty(self, key: str) -> np.bool_:
+        return np.bool_(bool(self._get(key)))
+
+    def differ(self, name: str) -> np.bool_:
+        return np.bool_(self._rows["old"].get(name) != self._rows["new"].get(name))
+
+    def per_distinct(self, fn: Callable, dtype: type, *keys: str):
+        return np.dtype(dtype).type(fn(*map(self._get, keys)))
 
 
 # --- whole tables at once (numcheck compare) ----------------------------------------------------
@@ -312,108 +425,25 @@ def compare_kinds(old: pa.Table, new: pa.Table) -> tuple[np.ndarray, np.ndarray,
     ``(row of old, row of new, kind)`` per key, row -1 where that side has none (of several rows
     with one key the last counts, as in ``golden.read``). ``kind`` is ``compare_row(old row, new
     row).kind``, "removed" for a key only ``old`` has, and None where the row's family has golden
-    rules of its own (``Rules.golden``; ``compare_row`` judges those rows).
-    tests/test_golden_compare_vectorized.py holds it to ``compare_row`` row by row."""
+    rules of its own (``Rules.golden``; ``compare_row`` judges those rows). The rules are
+    ``compare_row``'s own (``_common_rules``), here on whole columns."""
     o, n = _outer_join(old, new)
     col = _Columns(old, o, new, n)
-    with np.errstate(all="ignore"):  # NaN and inf propagate as in compare_row's float maths
-        worse, better, drift = _common_rules(col)
+    with np.errstate(all="ignore"):  # NaN and inf propagate as in Python's float maths
+        inputs_changed, rules, _ = _common_rules(col)
+    worse, better, drift = (np.logical_or.reduce([getattr(f, side) for f in rules.values()])
+                            for side in ("worse", "better", "drift"))
     kinds = np.array(["same", "improved", "drift", "regressed"], dtype=object)[
         np.where(worse, 3, np.where(drift, 2, np.where(better, 1, 0)))]
-    own_rules = _per_distinct(lambda *v: verdict.rules(family_of_row(dict(zip(
-        ("family", "series", "suite", "op", "output"), v)))).golden is not None, bool,
+    own_rules = _per_distinct(lambda *v: _family_rules(None, dict(zip(
+        ("family", "series", "suite", "op", "output"), v))).golden is not None, bool,
         col.codes("new:family"), col.present("new:series"), col.codes("new:suite"),
         col.codes("new:op"), col.codes("new:output"))
     kinds[own_rules] = None
-    kinds[_inputs_changed(old, o, new, n)] = "inputs_changed"
+    kinds[inputs_changed] = "inputs_changed"
     kinds[o < 0] = "new"
     kinds[n < 0] = "removed"
     return o, n, kinds
-
-
-def _common_rules(col: _Columns) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """compare_row's common statistics rules on columns: (worse, better, drift) per key."""
-    o_status, n_status = col.strings("old:status"), col.strings("new:status")
-    status_error = (n_status == "error") & (o_status != "error")
-    runs_again = (o_status == "error") & np.not_equal(n_status, None) & (n_status != "error")
-    stats = col.floats("old:kernel_n")[1] & col.floats("new:kernel_n")[1]
-    zero = col.zero_if_null  # `row.get(name) or 0`
-
-    o_nf = zero("old:kernel_n_nan") + zero("old:kernel_n_inf")
-    n_nf = zero("new:kernel_n_nan") + zero("new:kernel_n_inf")
-    o_mm, n_mm = zero("old:kernel_nonfinite_mismatch"), zero("new:kernel_nonfinite_mismatch")
-    worse = (n_nf > o_nf) | (n_mm > o_mm)
-    better = ~worse & ((n_nf < o_nf) | (n_mm < o_mm))
-    drift = np.zeros_like(worse)
-    foreign = _per_distinct(lambda a, b: _foreign({"platforms": a}, {"platforms": b}), bool,
-                            col.codes("old:platforms"), col.codes("new:platforms"))
-
-    def judge(applies, o, n_, slack, cross) -> None:  # compare_row's judge
-        exceeds = applies & ~(n_ <= o + slack)
-        drifts = exceeds & foreign & (n_ <= o + slack + cross)
-        drift[:] |= drifts
-        worse[:] |= exceeds & ~drifts
-        better[:] |= applies & ~exceeds & (n_ < o - slack)
-
-    u = zero("old:u")
-    kc, kn = zero("old:kernel_n_compared"), zero("old:kernel_n")
-    n = np.where(kc != 0, kc, np.where(kn != 0, kn, 1.0))
-    (o_rel, o_rel_ok), (n_rel, n_rel_ok) = col.floats("old:kernel_rel_l2"), col.floats(
-        "new:kernel_rel_l2")
-    yard = _max(zero("old:kernel_rel_l2"), zero("old:baseline_rel_l2"))
-    judge(o_rel_ok & n_rel_ok & np.isfinite(o_rel), o_rel, n_rel,
-          _error_slack(o_rel, yard, n, u), _cross_slack(yard, u))
-
-    n_blocks = zero("old:kernel_n_blocks")
-    nb = np.maximum(1.0, n // np.maximum(1.0, np.where(n_blocks != 0, n_blocks, 1.0)))
-    o_b = col.per_float(_block_rel, "old:kernel_min_block_sqnr_db")
-    n_b = col.per_float(_block_rel, "new:kernel_min_block_sqnr_db")
-    b_yard = _max(o_b, col.per_float(_block_rel, "old:baseline_min_block_sqnr_db"))
-    judge(np.isfinite(o_b) & ~np.isnan(b_yard), o_b, n_b,
-          _error_slack(o_b, b_yard, nb, u), _cross_slack(b_yard, u))
-
-    o_u, o_u_ok = col.floats("old:kernel_max_ulp")
-    n_u = col.floats("new:kernel_max_ulp")[0]  # NaN where None, as in compare_row
-    judge(col.flags("old:gate_ulp") & o_u_ok, o_u, n_u,
-          np.maximum(ULP_SLACK_MIN, np.ceil(ULP_SLACK_FRAC * o_u)), CROSS_ULP)
-
-    o_m, o_m_ok = col.floats("old:kernel_mag_bias_ulp")
-    o_m, n_m = np.abs(o_m), np.abs(col.floats("new:kernel_mag_bias_ulp")[0])
-    slack = _max(np.full_like(n, BIAS_SLACK), 4 / np.sqrt(n))
-    exceeds = col.flags("old:gate_bias") & o_m_ok & ~(n_m <= o_m + slack)
-    within_cross = foreign & (n_m <= _max(o_m + slack, np.full_like(n, CROSS_BIAS)))
-    drift |= exceeds & within_cross
-    worse |= exceeds & ~within_cross
-    worse |= (o_status == "passed") & ((n_status == "failed") | (n_status == "error"))
-
-    # without statistics on both sides compare_row stops after the status rules
-    return status_error | (stats & worse), np.where(stats, better, runs_again), stats & drift
-
-
-def _max(a: np.ndarray, b: np.ndarray) -> np.ndarray:
-    """Python's max(a, b) elementwise, NaN included: b only where b > a."""
-    return np.where(b > a, b, a)
-
-
-def _error_slack(old, yardstick, n, u) -> np.ndarray:
-    """error_slack on columns: the same operations in the same order."""
-    spread = Z * old / np.sqrt(2 * np.maximum(n, 1))
-    return _max(_max(np.where(u >= 2.0 ** -11, S_E_LOW, S_E_FP32) * yardstick, spread), F * u)
-
-
-def _cross_slack(yardstick, u) -> np.ndarray:
-    """cross_slack on columns."""
-    per_e = np.where(u >= 2.0 ** -11, CROSS_E_LOW, CROSS_E_FP32) * yardstick
-    return np.where(yardstick < CROSS_EXACT_BELOW * u, CROSS_EXACT_U * u, per_e)
-
-
-def _inputs_changed(old: pa.Table, o: np.ndarray, new: pa.Table, n: np.ndarray) -> np.ndarray:
-    """Both rows carry an input digest (not None, not empty) and the digests differ."""
-    a, b = (t.column("input_digest").combine_chunks().take(_indices(rows))
-            for t, rows in ((old, o), (new, n)))
-    la, lb, differ = pc.binary_length(a), pc.binary_length(b), pc.not_equal(a, b)
-    given = _valid(la) & (_values(la) > 0) & _valid(lb) & (_values(lb) > 0)
-    return given & _values(differ)
 
 
 def _outer_join(old: pa.Table, new: pa.Table) -> tuple[np.ndarray, np.ndarray]:
@@ -497,6 +527,7 @@ class _Columns:
     def __init__(self, old: pa.Table, o: np.ndarray, new: pa.Table, n: np.ndarray):
         self._tables, self._rows = {"old": old, "new": new}, {"old": o, "new": n}
         self._floats: dict[str, tuple[np.ndarray, np.ndarray]] = {}  # the rules reread some
+        self._arrow: dict[str, pa.Array | None] = {}
 
     def _get(self, key: str) -> tuple[pa.ChunkedArray | None, np.ndarray]:
         side, name = key.split(":")
@@ -550,10 +581,32 @@ class _Columns:
         codes, values = self.codes(key)
         return np.array(values, dtype=object)[codes]
 
-    def per_float(self, fn: Callable[[float | None], float], key: str) -> np.ndarray:
-        """``fn(value)`` per row of a float column (None where null), evaluated once per
-        distinct value: Python's float maths, where numpy's may differ in the last bit (``**``)."""
-        return _per_distinct(fn, np.float64, self.codes(key))
+    def per_distinct(self, fn: Callable, dtype: type, *keys: str) -> np.ndarray:
+        """``fn(*values)`` per row of columns (None where null), evaluated once per distinct
+        combination of values: Python's maths, where numpy's may differ in the last bit (``**``)."""
+        return _per_distinct(fn, dtype, *map(self.codes, keys))
+
+    def _taken(self, key: str) -> pa.Array | None:
+        """The column at the joined rows as arrow (null at row -1; None: no such column)."""
+        if key not in self._arrow:
+            c, rows = self._get(key)
+            self._arrow[key] = None if c is None else c.combine_chunks().take(_indices(rows))
+        return self._arrow[key]
+
+    def nonempty(self, key: str) -> np.ndarray:
+        """``bool(row.get(name))`` of a string column: neither null nor empty."""
+        a = self._taken(key)
+        if a is None:
+            return np.zeros(len(self._rows["old"]), dtype=bool)
+        length = pc.binary_length(a)
+        return _valid(length) & (_values(length) > 0)
+
+    def differ(self, name: str) -> np.ndarray:
+        """Where old's and new's values of a column differ (whatever, where either is null)."""
+        a, b = self._taken(f"old:{name}"), self._taken(f"new:{name}")
+        if a is None or b is None:
+            return np.zeros(len(self._rows["old"]), dtype=bool)
+        return _values(pc.not_equal(a, b))
 
 
 # Arrow to numpy and back through buffers: Array.to_numpy, pa.array and Python scalars as compute

@@ -22,13 +22,14 @@ from pathlib import Path
 
 from numcheck.goldens import store as golden
 from numcheck.errors import UsageError
-from numcheck.records import MODES, Golden, Record, Status, family_of_row
+from numcheck.records import MODES, Golden, Record, Status
+from numcheck.verdicts import families
 from numcheck.goldens.regression import Change, compare_row
 
 
 def goldenable(record: Record) -> bool:
     """Records that carry a golden row: a suite name and something measured."""
-    return bool(record.suite) and record.measured and \
+    return bool(record.suite) and families.of(record).measured(record) and \
         record.status in (Status.PASSED, Status.FAILED, Status.KNOWN)
 
 
@@ -138,7 +139,7 @@ class GoldenSession:
         rep = FinishReport()
         by_file: dict[Path, dict[tuple, dict]] = defaultdict(dict)
         ran_pairs: dict[Path, set] = defaultdict(set)
-        families: dict[tuple, str] = {}
+        family_of: dict[tuple, str] = {}
         for r in records:
             if not r.suite or r.status == Status.SKIPPED:
                 continue
@@ -147,7 +148,7 @@ class GoldenSession:
             ran_pairs[path].add((row["op"], row["kernel"]))
             if goldenable(r):
                 by_file[path][golden.key_of(row)] = row
-                families[golden.key_of(row)] = r.family
+                family_of[golden.key_of(row)] = r.family
         for path in sorted(set(by_file) | set(ran_pairs)):
             dc, suite = path.parent.name, path.stem
             gf = self.file(dc, suite)
@@ -181,7 +182,7 @@ class GoldenSession:
                                            f"keeps its old row (allow with "
                                            f"--numcheck-refresh-allow-nonfinite)")
                         continue
-                    ch = compare_row(old, row, families.get(k, "ops"))
+                    ch = compare_row(old, row, family_of.get(k))
                     if _merges(old, row):  # another platform: widen the envelope
                         row = golden.merge_envelope(old, row)
                         ch.messages.append(f"merged into the envelope of "
@@ -216,21 +217,19 @@ def _merges(old: dict | None, new: dict) -> bool:
     """Does a refresh merge ``new`` into ``old``'s envelope instead of replacing it? When the
     golden holds another platform's values for the same inputs (curves: always replaced, their
     band is the convergence rule's own envelope)."""
-    if old is None or new.get("series") is not None:
+    if old is None or not families.of_row(new).merges(old, new):
         return False
-    if family_of_row(new) == "fingerprint" and old.get("metrics") != new.get("metrics"):
-        return False  # another platform's fingerprint replaces the row (it is no envelope)
     if old.get("input_digest") != new.get("input_digest"):
         return False
     return bool(set(golden.platforms_of(old)) - set(golden.platforms_of(new)))
 
 
 def _new_nonfinite(row: dict, old: dict | None) -> str:
-    """Why a row must not be baked into a golden: a NaN/inf the reference does not have (a
-    telemetry row: a NaN statistic or new non-finite elements, numcheck.telemetry.telemetry_rules)."""
-    if family_of_row(row) == "telemetry":
-        from numcheck.telemetry.telemetry_rules import unbakeable
-        return unbakeable(row, old)
+    """Why a row must not be baked into a golden: a NaN/inf the reference does not have, or
+    what the row's family says (telemetry: a NaN statistic or new non-finite elements)."""
+    own = families.of_row(row).unbakeable(row, old)
+    if own is not None:
+        return own
     mm = row.get("kernel_nonfinite_mismatch") or 0
     if mm and (old is None or mm > (old.get("kernel_nonfinite_mismatch") or 0)):
         return f"{mm} element(s) non-finite where the FP64 reference is not (or the reverse)"

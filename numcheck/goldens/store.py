@@ -29,7 +29,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from numcheck.errors import UsageError
-from numcheck.records import GOLDEN_FIELDS, RESULT_FIELDS, STAT_SIDES, STAT_FIELDS, Record, family_of_row
+from numcheck.records import GOLDEN_FIELDS, RESULT_FIELDS, STAT_SIDES, STAT_FIELDS, Record
+from numcheck.verdicts import families
 
 # 2: rows carry ``platforms`` (the envelope's platforms); schema-1 files get theirs from the
 # file's provenance when read.
@@ -278,9 +279,7 @@ def merge_envelope(old: dict, new: dict) -> dict:
             row[f"{side}_worst_block"] = old.get(f"{side}_worst_block")
     for col in ("bound_ratio", "baseline_bound_ratio"):
         row[col] = _worse("rel_l2", old.get(col), new.get(col))
-    if family_of_row(new) == "telemetry":  # floors and ceilings: the lower and the higher
-        from numcheck.telemetry.telemetry_rules import merge_metrics
-        row["metrics"] = merge_metrics(old, new)
+    row = families.of_row(new).merge_envelope(old, new, row)
     if _STATUS_RANK.get(old.get("status"), 0) > _STATUS_RANK.get(new.get("status"), 0):
         row["status"] = old.get("status")
     seen = platforms_of(old)
@@ -368,7 +367,8 @@ def read_results(path: str | Path) -> tuple[list[Record], dict[str, str]]:
     if not gf.exists:
         raise GoldenError(f"{path}: no such results file; run numcheck run (or pytest with "
                           f"--numcheck-results {path}) first")
-    return [Record.from_row(_decoded(r)) for r in gf.rows.values()], gf.provenance
+    return [Record.from_row(_decoded({**r, "family": families.family_of_row(r)}))
+            for r in gf.rows.values()], gf.provenance
 
 
 def _decoded(row: dict) -> dict:
@@ -407,7 +407,7 @@ def summary_text(rows: Iterable[dict]) -> str:
                         for s in _TEXT_STATS if row.get(s) is not None)
         if row.get("series"):
             vals += f" series={_fmt(row['series'])}"
-        if row.get("output") in ("fingerprint", "telemetry") and row.get("metrics"):
+        if row.get("metrics") and families.of_row(row).metrics_in_summary:
             m = row["metrics"]
             vals += " " + " ".join(f"{k}={_metric(v)}" for k, v in
                                    sorted((json.loads(m) if isinstance(m, str) else m).items()))

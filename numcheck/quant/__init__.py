@@ -5,20 +5,17 @@ the specs (DESIGN rule 10); fake-quant functions return the input's dtype.
 Each family implements ``QuantFormat`` (numcheck/quant/base.py) once: ``FP8Format``,
 ``MXFormat``, ``NVFP4Format``, ``IntFormat``; a ``Quantizer`` asks its ``format``. This package
 is pure math and registers nothing: the ops fp8_qdq, mx_qdq, nvfp4_qdq, int8_qdq, int4_qdq and
-scaled_matmul (with their third-party torch kernels) are declared in numcheck/ops/quant.py and
-registered by numcheck.catalog, so ``nc.verify("fp8_qdq", my_fn)`` works.
+scaled_matmul (with their third-party torch kernels) are declared in numcheck/ops/qdq.py and
+registered by numcheck.catalog, so ``nc.verify("fp8_qdq", my_fn)`` works. The package is also
+the quant family of records (``quant_rules``: floors, report sections; ``paths``: the suite's
+measurements; ``quant_html``: its HTML section).
+
+Names load on first use (PEP 562): the family's rules (``quant_rules``) are read by ``numcheck
+compare`` / ``report`` without importing torch.
 """
-from numcheck.quant.base import QuantFormat  # noqa: F401
-from numcheck.quant.fp8 import (DelayedScaling, FP8Format, FP8Quantized, fp8_dequantize, fp8_qdq,  # noqa: F401
-                  fp8_quantize)
-from numcheck.quant.intq import (IntFormat, IntQuantized, int4_dequantize, int4_qdq,  # noqa: F401
-                   int4_quantize, int8_dequantize, int8_qdq, int8_quantize)
-from numcheck.quant.mx import MXFormat, MXQuantized, mx_dequantize, mx_qdq, mx_quantize  # noqa: F401
-from numcheck.quant.nvfp4 import (NVFP4Format, NVFP4Quantized, nvfp4_dequantize, nvfp4_qdq,  # noqa: F401
-                    nvfp4_quantize)
-from numcheck.quant.recipe import (RECIPES, QuantRecipe, Quantizer, get_recipe, scaled_matmul,  # noqa: F401
-                     scaled_matmul_reference)
-from numcheck.quant.transforms import hadamard, inverse_hadamard, sr_qdq  # noqa: F401
+from __future__ import annotations
+
+from typing import Any
 
 __all__ = [
     "QuantFormat", "FP8Format", "MXFormat", "NVFP4Format", "IntFormat",
@@ -30,3 +27,33 @@ __all__ = [
     "scaled_matmul", "scaled_matmul_reference", "QuantRecipe", "Quantizer", "RECIPES",
     "get_recipe", "hadamard", "inverse_hadamard", "sr_qdq",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    # Explicit imports, not a name -> module table: the import-graph test sees every edge.
+    if name in ("QuantFormat",):
+        from numcheck.quant import base as home
+    elif name in ("DelayedScaling", "FP8Format", "FP8Quantized", "fp8_dequantize", "fp8_qdq",
+                  "fp8_quantize"):
+        from numcheck.quant import fp8 as home
+    elif name in ("IntFormat", "IntQuantized", "int4_dequantize", "int4_qdq", "int4_quantize",
+                  "int8_dequantize", "int8_qdq", "int8_quantize"):
+        from numcheck.quant import intq as home
+    elif name in ("MXFormat", "MXQuantized", "mx_dequantize", "mx_qdq", "mx_quantize"):
+        from numcheck.quant import mx as home
+    elif name in ("NVFP4Format", "NVFP4Quantized", "nvfp4_dequantize", "nvfp4_qdq",
+                  "nvfp4_quantize"):
+        from numcheck.quant import nvfp4 as home
+    elif name in ("RECIPES", "QuantRecipe", "Quantizer", "get_recipe", "scaled_matmul",
+                  "scaled_matmul_reference"):
+        from numcheck.quant import recipe as home
+    elif name in ("hadamard", "inverse_hadamard", "sr_qdq"):
+        from numcheck.quant import transforms as home
+    else:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = globals()[name] = getattr(home, name)
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))

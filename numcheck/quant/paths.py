@@ -20,8 +20,8 @@ GEMM (op ``gemm``, kernel = the recipe name): ``scaled_matmul(a, b, recipe)`` (f
 FP64 product of the un-quantized operands; the baseline is the BF16 GEMM (operands rounded to
 bf16, fp32 product). Metric ``sqnr_gap_db`` = baseline SQNR - recipe SQNR.
 
-Verdicts, floors and the report table are the quant family's rules (numcheck/quant/rules.py);
-this module only measures.
+Verdicts, floors and the report table are the quant family's rules (numcheck/quant/quant_rules.py);
+this module only measures. Its paths are numcheck.quant.recipe.SUITE_FIELDS'.
 """
 from __future__ import annotations
 
@@ -38,9 +38,7 @@ from numcheck.records import Record
 from numcheck.run import ulp_histogram
 from numcheck.measure.stats import error_stats
 from numcheck.quant.base import QuantFormat
-from numcheck.quant.fp8 import FP8_FORMATS, GRANULARITIES
-from numcheck.quant.mx import ELEMS, SCALE_MODES
-from numcheck.quant.recipe import RECIPES, Quantizer, get_recipe, scaled_matmul
+from numcheck.quant.recipe import RECIPES, SUITE_FIELDS, Quantizer, get_recipe, scaled_matmul
 from numcheck.quant.quant_rules import QUANT_RULES
 
 ROUNDTRIP_SHAPE = (64, 256)  # 64 rows x 8 MX blocks / 16 NVFP4 blocks / 2 FP8 1x128 tiles per row
@@ -63,12 +61,7 @@ class QuantPath:
 
 
 def _paths() -> dict[str, QuantPath]:
-    qs = [Quantizer("fp8", fmt=fmt, granularity=gran) for fmt in FP8_FORMATS
-          for gran in GRANULARITIES]
-    qs += [Quantizer("mx", fmt=elem, block=32, scale_mode=mode) for elem in ELEMS
-           for mode in SCALE_MODES]
-    qs += [Quantizer("nvfp4"), Quantizer("nvfp4", two_d=True), Quantizer("int8"),
-           Quantizer("int4", block=128)]
+    qs = [Quantizer(kind, **fields) for kind, each in SUITE_FIELDS.items() for fields in each]
     # Stats blocks follow the scaling block; one scale per row or per tensor: rows.
     return {q.format.name: QuantPath(q.format.name, q,
                                      "row" if q.format.block is None else q.format.block)

@@ -11,9 +11,8 @@ from __future__ import annotations
 
 import math
 
-from numcheck.cases import inputs
 from numcheck.records import Record
-from numcheck.quant.recipe import RECIPES
+from numcheck.verdicts.family import Family, Section
 
 # Measured with numcheck.quant.paths.roundtrip_record / gemm_record on the suite's inputs
 # (torch 2.13 CPU), SQNR rounded down and gaps rounded up to 0.1 dB.
@@ -273,10 +272,19 @@ def _gemm_failures(r: Record) -> list[str]:
     return why
 
 
-class QuantRules:
+class QuantRules(Family):
     """Round trips (op "roundtrip") and quantized GEMMs (op "gemm") of the quant suite."""
 
-    family = "quant"
+    name = family = "quant"
+
+    def holds(self, row: dict) -> bool:
+        # the quant suite's own rows; a curve, fingerprint or telemetry row is never one
+        return row.get("suite") == "quant" and row.get("op") in ("roundtrip", "gemm") and \
+            row.get("series") is None and row.get("output", "out") == "out"
+
+    def html_section(self, records: list[Record], mode: str) -> Section | None:
+        from numcheck.quant.quant_html import heatmaps_section
+        return heatmaps_section(records, mode)
 
     def absolute(self, record: Record, policy=None) -> list[str]:
         if record.kernel_stats is None:
@@ -311,6 +319,7 @@ def _grid(title: str, corner: str, records: list[Record], order: list[str], cell
     """A markdown table: one row per kernel (in ``order``), one column per distribution,
     ``cell(record)`` in each (bold FAIL when the record failed), then ``footer`` = (label,
     fn(record)) over the first record of each distribution (the BF16 yardstick)."""
+    from numcheck.cases import inputs  # torch: only where a table is drawn, never to judge
     dists = [d for d in inputs.DISTRIBUTIONS if any(r.dist == d for r in records)]
     kernels = sorted({r.kernel for r in records},
                      key=lambda k: (order.index(k) if k in order else 999, k))
@@ -350,6 +359,7 @@ def sqnr_table(records: list[Record]) -> str:
                        ("bf16 (yardstick)", lambda r: f"{_db(r.baseline_stats.sqnr_db)} / "
                                                       f"{_db(r.baseline_stats.min_block_sqnr_db)}"))
     if gm:
+        from numcheck.quant.recipe import RECIPES  # torch: only where a table is drawn
         if parts:
             parts.append("")
         parts += _grid("Quantized GEMM: SQNR gap to the BF16 GEMM, dB (recipe SQNR in brackets)",

@@ -32,9 +32,9 @@ from numcheck.errors import UsageError
 from numcheck.ops.matmul import matmul_reference
 from numcheck.quant import transforms as _tr
 from numcheck.quant.base import QuantFormat, to64
-from numcheck.quant.fp8 import FP8Format
+from numcheck.quant.fp8 import FP8_FORMATS, GRANULARITIES, FP8Format
 from numcheck.quant.intq import IntFormat
-from numcheck.quant.mx import MXFormat
+from numcheck.quant.mx import ELEMS, SCALE_MODES, MXFormat
 from numcheck.quant.nvfp4 import NVFP4Format
 
 ROLES = ("x", "w", "grad")
@@ -48,6 +48,17 @@ _FORMATS = {
     "int4": lambda q: IntFormat(4, q.block),
 }
 KINDS = tuple(_FORMATS)
+# ... and the Quantizer fields of each kind's quantization paths in the quant suite
+# (numcheck.quant.paths: one round trip each, floors in quant_rules.MEASURED_DB), in its order.
+SUITE_FIELDS: dict[str, tuple[dict, ...]] = {
+    "fp8": tuple({"fmt": fmt, "granularity": gran} for fmt in FP8_FORMATS
+                 for gran in GRANULARITIES),
+    "mx": tuple({"fmt": elem, "block": 32, "scale_mode": mode} for elem in ELEMS
+                for mode in SCALE_MODES),
+    "nvfp4": ({}, {"two_d": True}),
+    "int8": ({},),
+    "int4": ({"block": 128},),
+}
 
 
 @dataclass(frozen=True)

@@ -5,10 +5,10 @@ import math
 from typing import TYPE_CHECKING
 
 from numcheck.records import Golden, Record, Status, failing
-from numcheck.verdicts.judge import sections
+from numcheck.verdicts.families import sections
 
 if TYPE_CHECKING:
-    from numcheck.run import Verification
+    from numcheck.verification import Verification
 
 
 def _db(x) -> str:

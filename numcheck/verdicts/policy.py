@@ -20,10 +20,12 @@ family's side of the one verdict path (``numcheck.verdicts.judge``): these rules
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
+from typing import Callable
 
 from numcheck.measure.errorstats import ErrorStats
 from numcheck.records import Record
+from numcheck.verdicts.family import Family
 
 # FlashAttention's own tests: error vs the fp32 reference <= 2x that of the same-precision
 # PyTorch composition (tests/test_flash_attn.py, "out - out_ref ... <= 2 * (out_pt - out_ref)").
@@ -66,11 +68,28 @@ class Policy:
     notes: str = ""
 
 
+@dataclass(frozen=True)
+class RecordPolicy(Policy):
+    """An op's Policy for one record, with the record's condition-aware bound on demand:
+    ``cond_bound()`` measures it (numcheck.run: DRAWS more FP64 references, numcheck.verdicts.
+    conditioning), and ``judge`` asks for it only where the record fails without it. The
+    record is judged once."""
+
+    cond_bound: Callable[[], float | None] | None = field(default=None, compare=False,
+                                                          repr=False)
+
+    @classmethod
+    def of(cls, policy: Policy, cond_bound: Callable[[], float | None]) -> RecordPolicy:
+        return cls(**{f.name: getattr(policy, f.name) for f in fields(Policy)},
+                   cond_bound=cond_bound)
+
+
 @dataclass
 class Verdict:
     passed: bool = True
     failures: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)  # rules excused by the condition bound
+    cond_ratio: float | None = None  # the condition-aware bound's ratio the rules used
 
     def fail(self, message: str) -> None:
         self.passed = False
@@ -85,7 +104,8 @@ def _block_rel(s: ErrorStats) -> float:
 def judge(policy: Policy, k: ErrorStats, b: ErrorStats | None, *, what: str = "out",
           compute: str | None = None, bound_ratio: float | None = None,
           baseline_bound_ratio: float | None = None, reduction_len: float = 0,
-          cond: float = 1.0, grad: bool = False, cond_ratio: float | None = None,
+          cond: float = 1.0, grad: bool = False,
+          cond_ratio: float | None | Callable[[], float | None] = None,
           gate_bias: bool | None = None, verdict: Verdict | None = None) -> Verdict:
     """Apply the policy to kernel stats ``k`` (and baseline stats ``b``); messages name ``what``.
 
@@ -95,7 +115,11 @@ def judge(policy: Policy, k: ErrorStats, b: ErrorStats | None, *, what: str = "o
     rounding of the scale, not of the result, where cancellation makes the result small (a
     7-element large-mean row: cond 512; two correct kernels then differ by 2.5x at random).
     cond_ratio: the kernel's error over its condition-aware bound (numcheck.verdicts.conditioning),
-    None where not measured: <= 1 turns the baseline and componentwise rules into notes.
+    None where not measured: <= 1 turns the baseline and componentwise rules into notes. A
+    callable measures it (an FP64 reference per draw): asked once, after the other rules, and
+    only where one of them fails, the policy has a bound (cond_c) and no element is non-finite
+    against the reference (which the bound never excuses); the value used is the verdict's
+    ``cond_ratio`` (None where not asked).
     gate_bias: whether the truncation rule binds (``rounded_once``); None: the policy says.
     """
     # formats and conditioning import torch: imported here, so that OP_RULES loads without it
@@ -104,22 +128,21 @@ def judge(policy: Policy, k: ErrorStats, b: ErrorStats | None, *, what: str = "o
     from numcheck.verdicts.conditioning import compute_unit
 
     v = verdict or Verdict()
-    stable = cond_ratio is not None and cond_ratio <= 1.0  # NaN is not stable
+    # (message, whether a stable formulation may exceed the rule), in the rules' order: the
+    # condition-aware bound, when it is a callable, is measured once all of them have spoken
+    found: list[tuple[str, bool]] = []
+
+    def absolute(message: str) -> None:
+        found.append((message, False))
 
     def relative(message: str) -> None:  # the rules a stable formulation may exceed
-        if stable:
-            v.notes.append(f"{message}; within the condition-aware bound ({cond_ratio:.2f} "
-                           f"of it)")
-        elif cond_ratio is not None:
-            v.fail(f"{message}; condition-aware bound exceeded too ({cond_ratio:.3g} x)")
-        else:
-            v.fail(message)
+        found.append((message, True))
 
     u = max(formats.get(k.fmt).unit_roundoff,
             formats.get(compute).unit_roundoff if compute else 0.0)
     if k.nonfinite_mismatch:
-        v.fail(f"{what}: {k.nonfinite_mismatch} element(s) non-finite where the rounded "
-               f"reference is not, or the reverse (NaN {k.n_nan}, inf {k.n_inf})")
+        absolute(f"{what}: {k.nonfinite_mismatch} element(s) non-finite where the rounded "
+                 f"reference is not, or the reverse (NaN {k.n_nan}, inf {k.n_inf})")
     kk = policy.grad_baseline_k if grad else policy.baseline_k
     floor = (policy.grad_floor_u if grad else policy.floor_u) * u * max(1.0, cond)
     if b is not None:
@@ -132,15 +155,15 @@ def judge(policy: Policy, k: ErrorStats, b: ErrorStats | None, *, what: str = "o
                      f"dB, baseline's worst {b.min_block_sqnr_db:.1f} dB: rel {kb:.3e} > "
                      f"{kk:g} x {bb:.3e} + {floor:.1e}")
     if policy.max_ulp is not None and not grad and not k.max_ulp <= policy.max_ulp:
-        v.fail(f"{what}: max ULP {k.max_ulp} > {policy.max_ulp} ({k.fmt}; p99 {k.p99_ulp})")
+        absolute(f"{what}: max ULP {k.max_ulp} > {policy.max_ulp} ({k.fmt}; p99 {k.p99_ulp})")
     if gate_bias is None:
         gate_bias = rounded_once(policy, k, compute_unit(compute or k.fmt), grad)
     if gate_bias:
         limit = truncation_limit(policy, k, b)
         if not abs(k.mag_bias_ulp) <= limit:
-            v.fail(f"{what}: mean ULP toward larger magnitude {k.mag_bias_ulp:+.3f} (truncation "
-                   f"gives -0.5; gate +-{limit:.3f}, baseline "
-                   f"{b.mag_bias_ulp if b is not None else 0.0:+.3f})")
+            absolute(f"{what}: mean ULP toward larger magnitude {k.mag_bias_ulp:+.3f} "
+                     f"(truncation gives -0.5; gate +-{limit:.3f}, baseline "
+                     f"{b.mag_bias_ulp if b is not None else 0.0:+.3f})")
     if policy.bound_c is not None and bound_ratio is not None and not grad:
         # A kernel as good as the naive baseline passes (accumulation over long rows makes any
         # fixed c either loose for short rows or tight for long ones).
@@ -149,6 +172,21 @@ def judge(policy: Policy, k: ErrorStats, b: ErrorStats | None, *, what: str = "o
         if not bound_ratio <= limit:
             relative(f"{what}: componentwise error {bound_ratio:.2f} x u*scale > {limit:.2f} "
                      f"(c={c:g}, baseline {baseline_bound_ratio or 0:.2f})")
+    if callable(cond_ratio):
+        wanted = found and policy.cond_c is not None and not k.nonfinite_mismatch
+        cond_ratio = cond_ratio() if wanted else None
+    v.cond_ratio = cond_ratio
+    stable = cond_ratio is not None and cond_ratio <= 1.0  # NaN is not stable
+    for message, excusable in found:
+        if not excusable:
+            v.fail(message)
+        elif stable:
+            v.notes.append(f"{message}; within the condition-aware bound ({cond_ratio:.2f} "
+                           f"of it)")
+        elif cond_ratio is not None:
+            v.fail(f"{message}; condition-aware bound exceeded too ({cond_ratio:.3g} x)")
+        else:
+            v.fail(message)
     return v
 
 
@@ -197,22 +235,27 @@ def rounded_once(policy: Policy, k: ErrorStats, compute_u: float, grad: bool) ->
     return k.max_ulp <= TRUNCATION_MAX_ULP and k.n_compared >= TRUNCATION_MIN_N
 
 
-class OpRules:
+class OpRules(Family):
     """The ops family's rules (built-in and users' ops), for ``numcheck.verdicts.judge``."""
 
-    family = "ops"
+    name = family = "ops"
 
     def absolute(self, record: Record, policy: Policy | None = None) -> list[str]:
         if record.kernel_stats is None:
             return ["no statistics measured"]
         grad = record.output != "out"
+        # the record's measured bound, else (a record judged as it is measured) the bound on
+        # demand
+        cond_ratio = record.cond_ratio
+        if cond_ratio is None and isinstance(policy, RecordPolicy):
+            cond_ratio = policy.cond_bound
         v = judge(policy or Policy(), record.kernel_stats, record.baseline_stats,
                   what=record.output, compute=record.dtype,
                   bound_ratio=_number(record.bound_ratio),
                   baseline_bound_ratio=_number(record.baseline_bound_ratio),
                   reduction_len=record.reduction_len, cond=record.cond, grad=grad,
-                  cond_ratio=record.cond_ratio, gate_bias=record.gate_bias)
-        record.notes = " | ".join(v.notes)
+                  cond_ratio=cond_ratio, gate_bias=record.gate_bias)
+        record.notes, record.cond_ratio = " | ".join(v.notes), v.cond_ratio
         return v.failures
 
     golden = None  # the common statistics rules (numcheck.goldens.regression) are the ops' rules

@@ -31,7 +31,7 @@ def __getattr__(name: str) -> Any:
     elif name == "Policy":
         from numcheck.verdicts import policy as home
     elif name in ("Verification", "verify"):
-        from numcheck import run as home
+        from numcheck import verification as home
     elif name == "error_stats":
         from numcheck.measure import stats as home
     elif name in ("fingerprint", "Fingerprint"):

@@ -1,13 +1,15 @@
-"""The run stage: one case through kernel, FP64 reference and baseline, into records.
+"""The run stage: one case through kernel, FP64 reference and baseline, into judged records.
 
     case -> inputs (float64 on CPU from the seed, rounded by numcheck, moved) -> kernel on the
     device under the pinned numerics state; FP64 reference on the CPU; baseline on the device
     -> ErrorStats of kernel and baseline vs FP64 -> verdict -> one record per output
 
-``verify`` runs an op's case set against one kernel and returns a ``Verification``. A kernel that
-raises, or returns the wrong shape, dtype or device, fails that case by name; the other cases run.
+One pass: each record is judged once; the condition-aware bound (numcheck.verdicts.
+conditioning) is measured only if the rules ask for it (a record that fails without it).
+A kernel that raises, or returns the wrong shape, dtype or device, fails the case by name.
 ``run_case(..., memo=CaseMemo())`` lets the kernels that run one case in a row (the built-in
 suites) share its kernel-independent work: inputs, reference, baseline and the baseline's stats.
+``nc.verify`` (numcheck.verification) runs an op's case set through ``run_case``.
 """
 from __future__ import annotations
 
@@ -23,55 +25,21 @@ from typing import Any
 import torch
 
 from numcheck import formats
-from numcheck.kernels import triton_interp as _triton_interp
 from numcheck.verdicts import conditioning
 from numcheck.measure import environment
 from numcheck.cases import inputs
 from numcheck.measure import numerics
 from numcheck.verdicts import policy
 from numcheck.verdicts import judge as verdict
-from numcheck.cases.grid import Case, check_case_set
-from numcheck.catalog import as_kernel, get_op, kernels
-from numcheck.kernels.compiled import isolate_inductor_cache
+from numcheck.cases.grid import Case
+from numcheck.catalog import kernels
 from numcheck.errors import UsageError
 from numcheck.verdicts.findings import cite
-from numcheck.records import Golden, Record, Status, failing
+from numcheck.records import Record, Status
 from numcheck.registry import Kernel, OpSpec
 from numcheck.measure.stats import error_stats
 
 N_WORST = 5  # worst elements listed in a failing record
-
-
-@dataclass
-class Verification:
-    """Result of ``nc.verify``: ``passed``, ``records`` (one ``Record`` per case and output),
-    ``failures`` (the records that fail: ``numcheck.records.failing`` in the run's golden mode).
-    Records with status "known" failed a rule where the kernel declares a documented weakness:
-    reported, not counted as failures."""
-
-    op: str
-    kernel: str
-    device: str
-    cases: str
-    records: list[Record]
-    mode: str = "check"  # the golden mode the records were judged in
-
-    @property
-    def executed(self) -> int:
-        return len({r.case_id for r in self.records if r.status != Status.SKIPPED})
-
-    @property
-    def failures(self) -> list[Record]:
-        return [r for r in self.records if failing(r, self.mode)]
-
-    @property
-    def passed(self) -> bool:
-        # DESIGN rule 11: a run in which nothing executed (everything skipped) fails.
-        return self.executed > 0 and not self.failures
-
-    def summary(self) -> str:
-        from numcheck.report.markdown import verification_table
-        return verification_table(self)
 
 
 def default_device() -> str:
@@ -104,17 +72,6 @@ def repro_command(op: str, kern: Kernel, case: Case, device: str) -> str:
 def case_to_json(case: Case) -> str:
     return json.dumps({"dtype": case.dtype, "shape": list(case.shape), "dist": case.dist,
                        "seed": case.seed, "params": dict(case.params)}, separators=(",", ":"))
-
-
-def case_from_json(op: str, text: str) -> Case:
-    try:
-        d = json.loads(text)
-        params = tuple((k, tuple(v) if isinstance(v, list) else v)
-                       for k, v in d.get("params", {}).items())
-        return Case(op, d["dtype"], tuple(d["shape"]), d["dist"], int(d["seed"]), params)
-    except (ValueError, KeyError, TypeError) as e:
-        raise UsageError(f"--adhoc {text!r}: expected JSON with dtype, shape, dist, seed and "
-                         f"optional params ({type(e).__name__}: {e})") from e
 
 
 def _base_record(spec: OpSpec, kern: Kernel, case: Case, device: str) -> Record:
@@ -168,9 +125,11 @@ def _bound_ratio(out: torch.Tensor, ref: torch.Tensor, scale: torch.Tensor, fmt:
     fin = torch.isfinite(o) & torch.isfinite(ref)
     if not bool(fin.any()):
         return math.nan
-    err = (o - ref).abs()[fin]
     # An exact zero scale admits no error at all; 1e-300 keeps the ratio finite but huge.
-    return float((err / (u * scale[fin]).clamp(min=1e-300)).max())
+    ratio = (o - ref).abs() / (u * scale).clamp(min=1e-300)
+    # the ratios are >= 0 (or NaN): 0 where either is not finite leaves the maximum as it is,
+    # and costs half of selecting the finite elements first
+    return float(torch.where(fin, ratio, 0.0).max())
 
 
 def _check_output(out: Any, like: torch.Tensor, device: str, allowed: tuple[torch.dtype, ...],
@@ -494,23 +453,25 @@ def _measure(spec: OpSpec, kern: Kernel, case: Case, device: str, o: _Output,
     if o.scale is not None:
         rec.bound_ratio = _bound_ratio(out, ref, o.scale, ks.fmt)
         rec.baseline_bound_ratio = bbound
-        fin = torch.isfinite(ref) & torch.isfinite(o.scale)
-        rn = float(ref[fin].norm())
-        rec.cond = float(o.scale[fin].norm()) / rn if rn > 0 else 1.0
+        rec.cond = _memo(p.memo, ("cond", o.name), lambda: _cond(ref, o.scale))
         rec.reduction_len = float(spec.reduction_len(case)) if spec.reduction_len else 0.0
-    verdict.judge(rec, spec.policy)
-    if rec.status in (Status.FAILED, Status.KNOWN) and spec.policy.cond_c is not None \
-            and not ks.nonfinite_mismatch:
-        # Is it a stable formulation the baseline or componentwise rule cannot tell? Measured
-        # only here: the FP64 reference on perturbed inputs costs DRAWS more references.
-        rec.cond_ratio = _cond_ratio(spec, case, o, p, ks.fmt, blocks)
-        if rec.cond_ratio is not None:
-            rec.status, rec.reason = Status.PENDING, ""
-            verdict.judge(rec, spec.policy)
+    # Judged once. Is a failure a stable formulation the baseline or componentwise rule cannot
+    # tell? The rules ask for the condition-aware bound where the record fails without it: the
+    # FP64 reference on perturbed inputs costs DRAWS more references (policy.judge).
+    verdict.judge(rec, policy.RecordPolicy.of(
+        spec.policy, lambda: _cond_ratio(spec, case, o, p, ks.fmt, blocks)))
     if rec.status != Status.PASSED:
         rec.worst_elements = _worst_elements(out, ref, o.scale)
         rec.ulp_hist = ulp_histogram(out, ref, ks.fmt)
     return rec
+
+
+def _cond(ref: torch.Tensor, scale: torch.Tensor) -> float:
+    """||scale|| / ||ref|| over the elements where both are finite (Record.cond): the same for
+    every kernel of the case."""
+    fin = torch.isfinite(ref) & torch.isfinite(scale)
+    rn = float(ref[fin].norm())
+    return float(scale[fin].norm()) / rn if rn > 0 else 1.0
 
 
 def _baseline_measure(o: _Output, ref: torch.Tensor, dtype: torch.dtype, blocks):
@@ -574,53 +535,3 @@ def _save_inputs(root: Path, spec, kern, case, exact, kwargs, records) -> None:
         r.saved_inputs = str(path)
     torch.save({"case": dataclasses.asdict(case), "inputs": exact, "kwargs": kwargs,
                 "records": [r.as_row() for r in records]}, path)
-
-
-def verify(op: str, fn, *, kernel_name: str | None = None, cases: str = "quick",
-           device: str | None = None, golden_dir=None, refresh: bool = False,
-           case_ids: list[str] | None = None, save_failures: str | Path | None = None,
-           adhoc: list[Case] | None = None, suite: str = "verify") -> Verification:
-    """Run op's ``cases`` set ("quick" | "full") against ``fn`` and judge every case.
-
-    fn: a callable with the op's signature (or a registered Kernel). device: default CUDA when
-    present. case_ids: only these cases of the set; adhoc: exactly these cases instead (a
-    repro line's --adhoc). save_failures: a folder for failing cases' inputs.
-    golden_dir: compare every case with the goldens there (``<golden_dir>/<device_class>/
-    <suite>.parquet``): a regression fails the case; refresh=True rewrites the rows of the
-    cases that ran instead (atomically, only when they changed).
-    """
-    if refresh and golden_dir is None:
-        raise UsageError("verify(refresh=True) needs golden_dir=: the folder to write to")
-    check_case_set(cases)
-    isolate_inductor_cache()  # a user's kernel may compile: never from another ISA's cache
-    _triton_interp.install_if_interpreting()  # Triton kernels on the CPU: exact conversions
-    spec = get_op(op)
-    kern = as_kernel(op, fn, kernel_name)
-    device = device or default_device()
-    if torch.device(device).type == "cuda" and not torch.cuda.is_available():
-        raise UsageError(f"device={device!r}: no CUDA device here; use device='cpu'")
-    grid = list(adhoc) if adhoc else spec.grid(cases)
-    if case_ids:
-        wanted = set(case_ids)
-        grid = [c for c in grid if c.id in wanted]
-        unknown = wanted - {c.id for c in grid}
-        if unknown:
-            raise UsageError(f"unknown case id(s) for {op} in {cases!r}: {sorted(unknown)}")
-    records: list[Record] = []
-    for case in grid:
-        records.extend(run_case(spec, kern, case, device, save_dir=save_failures))
-    mode = "check"
-    if golden_dir is not None:
-        from numcheck.goldens.session import GoldenSession
-        mode = "refresh" if refresh else "check"
-        for r in records:
-            r.suite, r.case_set = suite, cases
-        gs = GoldenSession(golden_dir, mode, case_set=cases)
-        gs.judge(records)
-        if refresh:  # what ran is the golden now: its old verdicts are replaced
-            gs.finish(records, environment.provenance(device))
-            for r in records:
-                if r.golden in (Golden.REGRESSED, Golden.MISSING, Golden.NEW,
-                                Golden.INPUTS_CHANGED):
-                    r.golden = Golden.REFRESHED
-    return Verification(op, kern.name, device, cases, records, mode)

@@ -14,7 +14,7 @@ import torch
 from numcheck.measure import environment
 
 from numcheck.records import Record
-from numcheck.run import verify
+from numcheck.verification import verify
 
 
 def gen(*shape, seed=0) -> torch.Tensor:

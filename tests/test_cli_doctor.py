@@ -14,7 +14,8 @@ import torch
 
 from numcheck import UsageError
 from numcheck.measure import environment as env
-from numcheck.frontends.cli import _command, _hex, main
+from numcheck.frontends.cli import _command, main
+from numcheck.frontends.doctor import exact_hex
 from numcheck.formats import FORMATS
 
 
@@ -108,7 +109,7 @@ def test_doctor_json(capsys):
 
 @pytest.mark.parametrize("x", [448.0, 2.0**-1074, FORMATS["fp64"].max, 2.0**-149, -6.0, 1.0])
 def test_hex_is_exact_and_short(x):
-    h = _hex(x)
+    h = exact_hex(x)
     assert float.fromhex(h) == x
     assert not re.search(r"0p", h)  # no trailing zero digits
     assert h.lstrip("-").startswith("0x1")

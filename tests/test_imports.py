@@ -205,13 +205,13 @@ def test_import_numcheck_loads_its_public_names_on_first_use():
     """``import numcheck`` is cheap; the public contract's names are all there, each what its
     module defines."""
     import numcheck as nc
-    from numcheck import catalog, formats, run
+    from numcheck import catalog, formats, verification
 
     from numcheck.verdicts import policy
     from numcheck.measure import stats
     for name in nc.__all__:
         assert getattr(nc, name) is not None and name in dir(nc)
-    assert nc.round_to is formats.round_to and nc.verify is run.verify
+    assert nc.round_to is formats.round_to and nc.verify is verification.verify
     assert nc.kernel is catalog.kernel and nc.Policy is policy.Policy
     assert nc.ErrorStats is stats.ErrorStats and nc.error_stats is stats.error_stats
     with pytest.raises(AttributeError):

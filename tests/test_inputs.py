@@ -24,9 +24,9 @@ import numcheck as nc
 from numcheck import formats
 from numcheck.cases import inputs
 from numcheck.errors import NumcheckError, UsageError
-from numcheck.cases.inputs import (ALIGNED_SIZES, DISTRIBUTIONS, LAYOUTS, RAGGED_SIZES, case_id, cast,
-                             distributions, draw, full_product, pairwise, register_profiles,
-                             seed_for, seeds, shapes, with_layout)
+from numcheck.cases.design import ALIGNED_SIZES, RAGGED_SIZES, case_id, full_product, pairwise
+from numcheck.cases.inputs import DISTRIBUTIONS, LAYOUTS, cast, draw, seed_for, with_layout
+from numcheck.cases.strategies import distributions, register_profiles, seeds, shapes
 
 register_profiles()
 QUICK = settings.get_profile("quick")
@@ -76,12 +76,13 @@ def test_streams_are_independent():
 _CHILD = r"""
 import hashlib, json, sys, torch
 from numcheck.cases import inputs
+from numcheck.cases.design import pairwise
 h = hashlib.sha256()
 for d in inputs.DISTRIBUTIONS:
     x = inputs.draw(d, (5, 33), seed=7, fmt="bf16", stream="q")
     t, c = inputs.cast(x, torch.bfloat16)
     h.update(x.numpy().tobytes()); h.update(t.view(torch.uint8).numpy().tobytes())
-grid = inputs.pairwise({"dtype": ["bf16", "fp16", "e4m3"], "layout": list(inputs.LAYOUTS),
+grid = pairwise({"dtype": ["bf16", "fp16", "e4m3"], "layout": list(inputs.LAYOUTS),
                         "dist": ["normal", "sparse", "lognormal"], "causal": [True, False]})
 h.update(json.dumps(grid).encode())
 h.update(str(inputs.seed_for(1, "k", "normal")).encode())

@@ -15,7 +15,7 @@ from numcheck.cases.grid import Case
 from numcheck.catalog import get_op, kernels
 from numcheck.ops import attention as att
 from numcheck.ops.attention import sdpa_baseline, sdpa_reference
-from numcheck.run import verify
+from numcheck.verification import verify
 from numcheck.ops.variants import sdpa_math_fp32 as math_backend_in_fp32
 from numcheck.ops.variants import sdpa_online as online_softmax
 from numcheck.ops.variants import sdpa_reversed_keys as reversed_key_order

@@ -17,7 +17,7 @@ from numcheck.cases.grid import Case
 from numcheck.catalog import get_op, kernels
 from numcheck.kernels import compiled as C
 from numcheck.ops.activations import _eager_swiglu
-from numcheck.run import verify
+from numcheck.verification import verify
 
 pytestmark = [pytest.mark.xdist_group("compiled"), pytest.mark.filterwarnings("ignore")]
 

@@ -16,7 +16,8 @@ from numcheck import formats
 from numcheck.cases import inputs
 from numcheck.catalog import get_op, kernels
 from numcheck.ops import matmul as mm
-from numcheck.run import run_case, verify
+from numcheck.run import run_case
+from numcheck.verification import verify
 from numcheck.ops.variants import linear_row_tiles as _linear_row_tiles
 from numcheck.ops.variants import linear_unfused as _linear_unfused
 from numcheck.ops.variants import matmul_blocked_fp32 as _blocked_fp32

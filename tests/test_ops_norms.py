@@ -9,7 +9,7 @@ import torch
 import numcheck as nc
 from numcheck.catalog import get_op, kernels
 from numcheck.ops.norms import EPS, adaln_reference, layer_norm_reference, rms_norm_reference
-from numcheck.run import verify
+from numcheck.verification import verify
 from numcheck.ops.variants import adaln_unfused_fp32, ln_welford, rms_reversed_fp32_sum
 
 pytestmark = pytest.mark.filterwarnings("ignore:Mismatch dtype")

@@ -10,7 +10,7 @@ import torch
 
 from numcheck.catalog import get_op, kernels
 from numcheck.ops.rope import rope_reference, rope_tables, rotate_half
-from numcheck.run import verify
+from numcheck.verification import verify
 from numcheck.ops.variants import rope_complex_fp32 as complex_multiply_fp32
 from numcheck.ops.variants import rope_fma as fused_multiply_add
 from numcheck.ops.variants import rope_fp32_round_once as fp32_then_round_once

@@ -37,7 +37,7 @@ class Case:
     def id(self) -> str:
         # inputs imports torch and hypothesis: imported where used, so that this module (the
         # case-set names: the CLI's choices) loads without them
-        from numcheck.cases.inputs import case_id
+        from numcheck.cases.design import case_id
 
         return case_id(dtype=self.dtype, shape=self.shape, dist=self.dist, seed=self.seed,
                        **dict(self.params))
@@ -88,7 +88,7 @@ class Grid:
         return self.transform(c) if self.transform else c
 
     def __call__(self, cases: str) -> list[Case]:
-        from numcheck.cases.inputs import pairwise  # see Case.id
+        from numcheck.cases.design import pairwise  # see Case.id
 
         check_case_set(cases)
         if cases == "quick":

@@ -1,4 +1,4 @@
-"""Inputs: distributions, dtype casts, memory layouts, case grids, case ids, hypothesis strategies.
+"""Inputs: seeds, distributions, dtype casts, memory layouts and the digest of a case's inputs.
 
 This is the first stage of numcheck's data flow (docs/DESIGN.md): a case names its distribution,
 shape and seed; ``draw`` makes float64 values on the CPU from them; ``cast`` rounds those values to
@@ -6,9 +6,8 @@ each argument's dtype with numcheck's own rounding and keeps an exact float64 co
 the FP64 reference and the baseline all see the same numbers; ``with_layout`` gives the kernel
 the same values in another memory layout (strides are where kernels break).
 
-Golden-gated cases come from fixed, enumerated grids (rule 8): ``pairwise`` in ``quick``,
-``full_product`` in ``full``, each case named by a stable ``case_id``. Hypothesis searches beside
-the grid with the strategies at the end of this module and the "quick"/"full" profiles.
+Golden-gated cases come from fixed, enumerated grids (rule 8; numcheck.cases.design), and a
+hypothesis search runs beside them (numcheck.cases.strategies).
 
 Reproducibility. Everything here is a pure function of its arguments: seeds come from sha256
 (never Python's ``hash``, which is salted per process), values from a ``torch.Generator`` on the
@@ -20,26 +19,18 @@ platform's libm; each golden row stores a digest of its inputs, so a drift there
 from __future__ import annotations
 
 import hashlib
-import itertools
 import math
-import re
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable
 from typing import Any
 
 import torch
-from hypothesis import HealthCheck, Phase, settings
-from hypothesis import strategies as st
 
 from numcheck import formats
 from numcheck.errors import NumcheckError, UsageError
 from numcheck.formats import round_to
 
-__all__ = [
-    "ALIGNED_SIZES", "BLOCK_SCALE_DISTRIBUTIONS", "DISTRIBUTIONS", "LAYOUTS", "RAGGED_SIZES",
-    "case_id", "cast", "distributions",
-    "draw", "full_product", "pairwise", "register_profiles", "seed_for", "seeds", "shapes",
-    "with_layout",
-]
+__all__ = ["BLOCK_SCALE_DISTRIBUTIONS", "DISTRIBUTIONS", "LAYOUTS", "cast", "check_dist", "draw",
+           "input_digest", "seed_for", "with_layout"]
 
 # ----------------------------------------------------------------------------------------------
 # Seeds and distributions
@@ -119,7 +110,7 @@ def _check_shape(shape) -> tuple[int, ...]:
     return out
 
 
-def _check_dist(dist: str) -> None:
+def check_dist(dist: str) -> None:
     if dist not in DISTRIBUTIONS and dist not in BLOCK_SCALE_DISTRIBUTIONS:
         raise UsageError(f"dist={dist!r} is not a numcheck distribution; use one of "
                          f"{', '.join(DISTRIBUTIONS + BLOCK_SCALE_DISTRIBUTIONS)}")
@@ -189,7 +180,7 @@ def draw(dist: str, shape: tuple[int, ...], *, seed: int, fmt="fp32",
 
     Shapes may have any rank (``()`` is a scalar), sides of 1 and 0 (an empty tensor).
     """
-    _check_dist(dist)
+    check_dist(dist)
     shape = _check_shape(shape)
     f = formats.get(fmt)
     if dist in BLOCK_SCALE_DISTRIBUTIONS:
@@ -240,7 +231,7 @@ def draw(dist: str, shape: tuple[int, ...], *, seed: int, fmt="fp32",
         lo, hi = f.min_subnormal, f.min_normal - f.min_subnormal
         mag = _pow2_uniform(g, shape, math.log2(lo), math.log2(hi)).clamp(lo, hi)
         return _sign(g, shape) * mag if f.signed else mag
-    # wide_range (the last of DISTRIBUTIONS; _check_dist rejected anything else)
+    # wide_range (the last of DISTRIBUTIONS; check_dist rejected anything else)
     return _sign(g, shape) * _pow2_uniform(g, shape, _WIDE_LO, _WIDE_HI)
 
 
@@ -407,323 +398,6 @@ def with_layout(x: torch.Tensor, layout: str) -> torch.Tensor:
     view = buf[..., ::2]
     view.copy_(x)
     return view
-
-
-# ----------------------------------------------------------------------------------------------
-# Case grids and ids
-# ----------------------------------------------------------------------------------------------
-
-# Sizes that exercise tails: 1, primes and one past / one short of the usual tile widths
-# 16/32/128/1024.
-RAGGED_SIZES = (1, 3, 7, 31, 33, 127, 129, 1025)
-# Sizes the fast paths expect (multiples of 16 and the usual tiles).
-ALIGNED_SIZES = (16, 32, 64, 128, 256, 1024)
-
-
-def _check_factors(factors: Mapping) -> list[tuple[str, list]]:
-    if not isinstance(factors, Mapping):
-        raise UsageError(f"factors must be a dict of name -> list of values, got "
-                         f"{type(factors).__name__}")
-    out = []
-    for name, values in factors.items():
-        if isinstance(values, (str, bytes)) or not isinstance(values, Iterable):
-            raise UsageError(f"factor {name!r}: values must be a list, got {values!r}")
-        values = list(values)
-        if not values:
-            raise UsageError(f"factor {name!r} has no values: the grid would be empty")
-        for i, v in enumerate(values):
-            if any(type(w) is type(v) and w == v for w in values[:i]):
-                raise UsageError(f"factor {name!r} lists {v!r} twice: case ids would repeat")
-        out.append((name, values))
-    return out
-
-
-def full_product(factors: dict[str, list]) -> list[dict]:
-    """Every combination, the first factor varying slowest (nested loops in dict order).
-
-    Each row is a dict with the factors' keys in the given order; no factors give ``[{}]``.
-    """
-    items = _check_factors(factors)
-    names = [n for n, _ in items]
-    return [dict(zip(names, combo)) for combo in itertools.product(*(v for _, v in items))]
-
-
-def pairwise(factors: dict[str, list]) -> list[dict]:
-    """A pairwise-covering subset of the product: every two values of every two factors meet.
-
-    Greedy and fully deterministic. Three constructions run on the value indices, factors taken
-    largest first (ties in dict order): IPOG (Lei et al., 2007) with ties going to the first value,
-    IPOG with ties going to the least-used value, and an AETG-style one-row-at-a-time greedy
-    (Cohen et al., 1997) without its random candidates. Each gets its free slots filled with the
-    least-used value and its redundant rows (every pair also covered elsewhere) dropped; the
-    shortest wins (ties: that order). None is best everywhere, and each costs milliseconds.
-    Nothing depends on hashes of the values or on set order, so the same input gives the same
-    list in every process and Python version.
-
-    Rows are dicts with the keys in the given order. One factor gives all its values, two the
-    full product, no factors ``[{}]``.
-    """
-    items = _check_factors(factors)
-    if len(items) <= 2:
-        return full_product(factors)
-    sizes = [len(v) for _, v in items]
-    order = sorted(range(len(items)), key=lambda i: (-sizes[i], i))  # construction order
-    osizes = [sizes[i] for i in order]
-    candidates = [_ipog(osizes, spread=False), _ipog(osizes, spread=True), _aetg(osizes)]
-    rows = min((_prune(_fill(r, osizes), osizes) for r in candidates), key=len)
-    out = []
-    for row in rows:
-        by_factor = {order[pos]: val for pos, val in enumerate(row)}
-        out.append({name: values[by_factor[i]] for i, (name, values) in enumerate(items)})
-    return out
-
-
-def _ipog(sizes: list[int], spread: bool) -> list[list[int | None]]:
-    """IPOG for strength 2 on factors of these sizes (in this order); None marks a free slot.
-
-    Horizontal growth gives each row the value of the next factor that covers the most uncovered
-    pairs (ties: the first value, or with ``spread`` the least used so far); vertical growth puts
-    each pair still missing, in sorted order, into a row with a free slot or a new row.
-    """
-    n = len(sizes)
-    rows: list[list[int | None]] = [[a, b] + [None] * (n - 2)
-                                    for a in range(sizes[0]) for b in range(sizes[1])]
-    for k in range(2, n):
-        uncovered = {(j, a, c) for j in range(k) for a in range(sizes[j]) for c in range(sizes[k])}
-        used = [0] * sizes[k]
-        for row in rows:
-            def score(c: int, row=row) -> tuple[int, int, int]:
-                gain = sum((j, row[j], c) in uncovered for j in range(k) if row[j] is not None)
-                return gain, -used[c] if spread else 0, -c
-            best = max(range(sizes[k]), key=score)
-            row[k] = best
-            used[best] += 1
-            uncovered.difference_update((j, row[j], best) for j in range(k) if row[j] is not None)
-        for j, a, c in sorted(uncovered):
-            for row in rows:
-                if row[k] == c and row[j] is None:
-                    row[j] = a
-                    break
-            else:
-                new: list[int | None] = [None] * n
-                new[j], new[k] = a, c
-                rows.append(new)
-    return rows
-
-
-def _aetg(sizes: list[int]) -> list[list[int | None]]:
-    """AETG-style greedy, deterministic: one row at a time until every pair is covered.
-
-    A row starts from the value in the most uncovered pairs; the other factors follow (those with
-    the most uncovered pairs first), each taking the value that covers the most uncovered pairs
-    with the factors already set (ties: more uncovered pairs overall, less used, first).
-    """
-    n = len(sizes)
-    uncovered = {(i, a, j, b) for i in range(n) for j in range(i + 1, n)
-                 for a in range(sizes[i]) for b in range(sizes[j])}
-    pending = [[0] * s for s in sizes]  # uncovered pairs each (factor, value) is part of
-    for i, a, j, b in uncovered:
-        pending[i][a] += 1
-        pending[j][b] += 1
-    used = [[0] * s for s in sizes]
-    rows: list[list[int | None]] = []
-
-    def pair(f: int, c: int, h: int, d: int) -> tuple[int, int, int, int]:
-        return (f, c, h, d) if f < h else (h, d, f, c)
-
-    while uncovered:
-        f0, v0 = max(((f, c) for f in range(n) for c in range(sizes[f])),
-                     key=lambda p: (pending[p[0]][p[1]], -p[0], -p[1]))
-        row: list[int | None] = [None] * n
-        row[f0] = v0
-        for f in sorted((f for f in range(n) if f != f0), key=lambda f: (-max(pending[f]), f)):
-            def score(c: int, f=f, row=row) -> tuple[int, int, int, int]:
-                gain = sum(pair(f, c, h, row[h]) in uncovered for h in range(n)
-                           if row[h] is not None)
-                return gain, pending[f][c], -used[f][c], -c
-            row[f] = max(range(sizes[f]), key=score)
-        for i in range(n):
-            used[i][row[i]] += 1
-            for j in range(i + 1, n):
-                p = (i, row[i], j, row[j])
-                if p in uncovered:
-                    uncovered.discard(p)
-                    pending[i][row[i]] -= 1
-                    pending[j][row[j]] -= 1
-        rows.append(row)
-    return rows
-
-
-def _fill(rows: list[list[int | None]], sizes: list[int]) -> list[list[int]]:
-    """Fill free slots with the value of that factor used least so far (ties: the first)."""
-    counts = [[0] * s for s in sizes]
-    for row in rows:
-        for p, v in enumerate(row):
-            if v is not None:
-                counts[p][v] += 1
-    out = []
-    for row in rows:
-        full = []
-        for p, v in enumerate(row):
-            if v is None:
-                v = min(range(sizes[p]), key=lambda c, p=p: (counts[p][c], c))
-                counts[p][v] += 1
-            full.append(v)
-        out.append(full)
-    return out
-
-
-def _prune(rows: list[list[int]], sizes: list[int]) -> list[list[int]]:
-    """Drop rows, last first, whose every pair is also covered by another remaining row."""
-    n = len(sizes)
-    times: dict[tuple[int, int, int, int], int] = {}
-    for row in rows:
-        for i in range(n):
-            for j in range(i + 1, n):
-                p = (i, row[i], j, row[j])
-                times[p] = times.get(p, 0) + 1
-    keep = [True] * len(rows)
-    for r in range(len(rows) - 1, -1, -1):
-        row = rows[r]
-        pairs = [(i, row[i], j, row[j]) for i in range(n) for j in range(i + 1, n)]
-        if all(times[p] >= 2 for p in pairs):
-            keep[r] = False
-            for p in pairs:
-                times[p] -= 1
-    return [row for row, k in zip(rows, keep) if k]
-
-
-_ID_UNSAFE = re.compile(r"[^A-Za-z0-9_.x=]")
-
-
-def _render(value) -> str:
-    """One part of a case id (before sanitizing)."""
-    if isinstance(value, torch.dtype):
-        try:
-            return formats.get(value).name
-        except UsageError:
-            return str(value).removeprefix("torch.")
-    if isinstance(value, formats.Format):
-        return value.name
-    if isinstance(value, (tuple, list, torch.Size)):
-        if not value:
-            return "scalar"
-        if all(isinstance(v, int) and not isinstance(v, bool) for v in value):
-            return "x".join(str(v) for v in value)
-        return "_".join(_render(v) for v in value)
-    if isinstance(value, float):
-        return repr(value)
-    return str(value)
-
-
-def case_id(**parts) -> str:
-    """A readable, stable case id (pytest id and parquet key): rendered parts joined by '-'.
-
-    In the given order: ``seed`` as ``s<seed>``; a bool as its key name when True and nothing when
-    False; None and empty strings omitted; tuples of ints as ``4x127x64`` (``()`` as ``scalar``),
-    other tuples joined by '_'; torch dtypes by numcheck format name (``bf16``); floats by their
-    shortest repr; anything else by ``str``. Characters outside ``[A-Za-z0-9_.x=]`` become '_'.
-    ``case_id(dtype="bf16", shape=(4,127,64), dist="normal", seed=0, causal=True)`` is
-    ``"bf16-4x127x64-normal-s0-causal"``.
-    """
-    out = []
-    for key, value in parts.items():
-        if value is None or value is False:
-            continue
-        if value is True:
-            text = key
-        elif key == "seed":
-            text = f"s{_render(value)}"
-        else:
-            text = _render(value)
-        if text:
-            out.append(_ID_UNSAFE.sub("_", text))
-    return "-".join(out)
-
-
-# ----------------------------------------------------------------------------------------------
-# Hypothesis
-# ----------------------------------------------------------------------------------------------
-
-# "quick" examples per test: enough to hit each distribution about twice in CI minutes.
-_QUICK_EXAMPLES = 20
-# "full" examples per test: the nightly search budget.
-_FULL_EXAMPLES = 200
-
-
-def register_profiles() -> None:
-    """Register the hypothesis profiles ``quick`` and ``full`` (the case-set names). Idempotent.
-
-    * ``quick`` (CI): derandomized, so a CI run is reproducible and its failures repeat locally;
-      20 examples; no shrink phase (each example runs a kernel, and the shrinker can run hundreds
-      of them; the failing example is printed as drawn); no example database (nothing to reuse
-      with fixed examples, nothing written in CI).
-    * ``full`` (nightly): 200 random examples with shrinking and the default database.
-
-    Both: no deadline and no too_slow health check (a kernel plus an FP64 reference on a 1025-wide
-    input is slow by nature, and its time varies with the machine).
-    """
-    # parent="default": otherwise a profile inherits whatever profile is loaded at the time
-    # (the plugin loads "quick" first, and "full" would inherit quick's missing shrink phase).
-    base = settings.get_profile("default")
-    settings.register_profile(
-        "quick", parent=base, derandomize=True, max_examples=_QUICK_EXAMPLES, deadline=None,
-        database=None,
-        phases=(Phase.explicit, Phase.generate, Phase.target),
-        suppress_health_check=(HealthCheck.too_slow,))
-    settings.register_profile(
-        "full", parent=base, derandomize=False, max_examples=_FULL_EXAMPLES, deadline=None,
-        suppress_health_check=(HealthCheck.too_slow,))
-
-
-# Small sides mixed in: every size up to here, so tails of 2, 4, 5, ... get drawn too.
-_SMALL_SIDE_MAX = 17
-
-
-def shapes(rank: int, *, min_side: int = 1, max_side: int = 130,
-           ragged: bool = True) -> st.SearchStrategy[tuple[int, ...]]:
-    """Shapes of ``rank`` with sides in [min_side, max_side].
-
-    Each side comes from small integers (up to 17), RAGGED_SIZES (tails around tile widths) or
-    ALIGNED_SIZES. ``ragged=False`` keeps to multiples of 16 (for kernels that require aligned
-    shapes). Small sides come first, so shrinking heads toward small shapes.
-    """
-    if not isinstance(rank, int) or rank < 0:
-        raise UsageError(f"shapes: rank={rank!r} must be an int >= 0")
-    if min_side < 0 or max_side < min_side:
-        raise UsageError(f"shapes: need 0 <= min_side <= max_side, got {min_side}, {max_side}")
-    if ragged:
-        small = st.integers(min_side, min(max_side, _SMALL_SIDE_MAX)) \
-            if min_side <= _SMALL_SIDE_MAX else None
-        named = [s for s in (*RAGGED_SIZES, *ALIGNED_SIZES) if min_side <= s <= max_side]
-    else:
-        lo, hi = -(-max(min_side, 1) // 16), max_side // 16
-        small = st.integers(lo, hi).map(lambda k: 16 * k) if lo <= hi else None
-        named = [s for s in ALIGNED_SIZES if min_side <= s <= max_side]
-    parts = ([small] if small is not None else []) + ([st.sampled_from(sorted(set(named)))]
-                                                      if named else [])
-    if not parts:
-        raise UsageError(f"shapes: no {'size' if ragged else 'multiple of 16'} lies in "
-                         f"[{min_side}, {max_side}]")
-    side = st.one_of(*parts)
-    return st.tuples(*([side] * rank))
-
-
-def distributions(exclude=()) -> st.SearchStrategy[str]:
-    """One of DISTRIBUTIONS, minus ``exclude`` (e.g. ``("subnormal",)`` for an e8m0 input)."""
-    if isinstance(exclude, str):
-        exclude = (exclude,)
-    for d in exclude:
-        _check_dist(d)
-    left = [d for d in DISTRIBUTIONS if d not in exclude]
-    if not left:
-        raise UsageError("distributions: exclude removes every distribution")
-    return st.sampled_from(left)
-
-
-def seeds() -> st.SearchStrategy[int]:
-    """Case seeds: 0 .. 2^31-1 (fits every RNG and reads well in a repro line)."""
-    return st.integers(0, 2**31 - 1)
 
 
 def input_digest(exact: dict[str, torch.Tensor], kwargs: dict[str, Any]) -> str:

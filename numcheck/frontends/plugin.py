@@ -199,7 +199,7 @@ def pytest_configure(config: pytest.Config) -> None:
     _CONFIG.append(config)
     from hypothesis import settings
 
-    from numcheck.cases.inputs import register_profiles
+    from numcheck.cases.strategies import register_profiles
     register_profiles()
     settings.load_profile(case_set(config))
 

@@ -13,7 +13,7 @@ from hypothesis import assume, given, note, target
 from hypothesis import strategies as st
 
 from numcheck.errors import UsageError
-from numcheck.cases.inputs import seeds
+from numcheck.cases.strategies import seeds
 from numcheck.cases.grid import Case, Grid
 from numcheck.records import Record, Status, failing
 from numcheck.registry import Kernel, OpSpec

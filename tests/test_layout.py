@@ -23,9 +23,21 @@ MAX_LINES = 700
 # Where a family's name may be compared: its own package, and the registry. "ops" and "quant"
 # are suite names too (registry.SUITES, catalog), so only the comparisons with a record's or a
 # row's family are checked for them.
-HOMES = {"ops": ("verdicts/policy.py", "ops/"), "quant": ("quant/",),
-         "convergence": ("convergence/",), "fingerprint": ("forensics/",),
-         "telemetry": ("telemetry/",)}
+
+
+def _homes() -> dict[str, tuple[str, ...]]:
+    """Where each registered family may name itself: the package of the module that defines its
+    Family (a new family is covered as soon as it is registered); the default family's is its
+    rules module and the op files."""
+    homes = {}
+    for name in families.FAMILIES:
+        parts = type(families.get(name)).__module__.split(".")[1:]
+        homes[name] = ("/".join(parts) + ".py", "ops/") if name == families.DEFAULT \
+            else (parts[0] + "/",)
+    return homes
+
+
+HOMES = _homes()
 SUITE_NAMES = {"ops", "quant"}
 # The registry, and the package's public names (nc.fingerprint, nc.telemetry: words, not families)
 EXEMPT = {"verdicts/families.py", "__init__.py"}

@@ -58,3 +58,16 @@ def test_a_failing_round_trip_or_gemm_carries_its_histogram(monkeypatch):
         assert sum(r.ulp_hist) == r.kernel_stats.n_compared > 0
         assert len(r.ulp_hist) - 1 == r.kernel_stats.max_ulp.bit_length()  # top bucket
         assert verdict.judge(r).status == Status.FAILED
+
+
+def test_a_path_without_measured_floors_fails_saying_what_to_add():
+    """A new quantization path before its MEASURED_DB row (the format recipe's last step): its
+    round trips are measured and fail by name, with the figures to write, never a KeyError."""
+    from numcheck.quant.recipe import Quantizer
+
+    new = QS.QuantPath("fp8_e4m3_row_new", Quantizer("fp8", fmt="e4m3", granularity="row"),
+                       "row")
+    r = verdict.judge(QS.roundtrip_record(new, "normal"))
+    assert r.status == Status.FAILED
+    assert "no measured floor for path 'fp8_e4m3_row_new'" in r.reason and "MEASURED_DB" in r.reason
+    assert f"{r.kernel_stats.sqnr_db:.2f} dB" in r.reason

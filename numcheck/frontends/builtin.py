@@ -47,6 +47,12 @@ def is_checkout() -> bool:
     return not (_PACKAGE / "_builtin").is_dir() and _find("suites") is not None
 
 
+def suite_names() -> list[str]:
+    """The built-in suites' names (``suites/test_<name>.py``), [] where none are installed."""
+    found = _find("suites")
+    return [] if found is None else [p.stem[len("test_"):] for p in sorted(found.glob("test_*.py"))]
+
+
 def suite_files(names: list[str] | None = None) -> list[Path]:
     """The built-in suites' modules, all or the ``names`` given; UsageError for unknown ones."""
     known = {p.stem[len("test_"):]: p for p in sorted(suites_dir().glob("test_*.py"))}

@@ -16,7 +16,7 @@ from typing import Callable
 
 from numcheck.cases.grid import CASE_SETS
 from numcheck.errors import UsageError
-from numcheck.frontends import doctor
+from numcheck.frontends import builtin, doctor
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
 
@@ -108,12 +108,12 @@ def _resolve_kernel(op: str, ref: str):
 
     from numcheck.catalog import kernels
 
-    builtin = kernels(op)
+    shipped = kernels(op)
     if ":" not in ref:
-        if ref in builtin:
-            return builtin[ref]
+        if ref in shipped:
+            return shipped[ref]
         raise UsageError(f"--kernel {ref!r}: not a built-in kernel of {op} "
-                         f"({', '.join(sorted(builtin)) or 'none'}); give module:function")
+                         f"({', '.join(sorted(shipped)) or 'none'}); give module:function")
     mod_name, attr = ref.split(":", 1)
     try:
         obj = importlib.import_module(mod_name)
@@ -215,8 +215,8 @@ def _fingerprint(args: argparse.Namespace) -> int:
 
 _SELECT = (
     _arg("--suite", action="append", default=None,
-         help="built-in suite to run (repeatable; default all): ops, search, quant, "
-              "convergence, fingerprint, telemetry"),
+         help="built-in suite to run (repeatable; default all): "
+              + ", ".join(builtin.suite_names())),
     _arg("-k", dest="keyword", default=None, help="pytest -k selection within the suites"),
     _arg("-n", dest="workers", default="2", help="pytest-xdist workers (0: in process)"),
     _arg("-v", "--verbose", action="store_true",
@@ -242,8 +242,6 @@ def _pytest(args: argparse.Namespace, extra: list[str], replaces=None) -> int:
     import shlex
     import subprocess
     from pathlib import Path
-
-    from numcheck.frontends import builtin
 
     # -p numcheck.frontends.process: glibc thresholds for numcheck's float64 temporaries (its docstring)
     cmd = [sys.executable, "-m", "pytest", *map(str, builtin.suite_files(args.suite)),

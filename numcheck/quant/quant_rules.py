@@ -247,11 +247,17 @@ def _roundtrip_failures(r: Record) -> list[str]:
     why = []
     if r.metric("nonfinite"):
         why.append(f"{r.metric('nonfinite')} NaN/inf in qdq(x) where x is finite")
+    k = r.kernel_stats
+    if (r.kernel, r.dist) not in UNGATED and r.dist not in MEASURED_DB.get(r.kernel, {}):
+        # a new path (docs/DESIGN.md, "add a quantization format"): fails, saying what to write
+        return why + [f"no measured floor for path {r.kernel!r}, distribution {r.dist!r}: "
+                      f"measured here SQNR {k.sqnr_db:.2f} dB, worst block "
+                      f"{k.min_block_sqnr_db:.2f} dB; add them (rounded down) to "
+                      "numcheck.quant.quant_rules.MEASURED_DB"]
     fl = roundtrip_floor(r.kernel, r.dist)
     if fl is None:
         return why
     mean, block = fl
-    k = r.kernel_stats
     if not k.sqnr_db >= mean:
         why.append(f"SQNR {k.sqnr_db:.2f} dB < floor {mean:.1f} dB (measured "
                    f"{MEASURED_DB[r.kernel][r.dist][0]} minus margin)")

@@ -149,11 +149,18 @@ def compare_row(old: dict | None, new: dict, family: str | None = None) -> Chang
     """The golden verdict of ``new`` (a golden-schema row) against ``old`` (None: no golden):
     the common statistics rules (``_common_rules``, run on the pair as a one-row table) plus the
     family's own golden rules (``family``: whose rules, default from the row)."""
-    key = golden.key_of(new)
     if old is None:
-        return Change(key, "new", ["no golden row for this case"], None, new)
+        return Change(golden.key_of(new), "new", ["no golden row for this case"], None, new)
     with np.errstate(all="ignore"):  # NaN and inf propagate as in Python's float maths
         inputs_changed, rules, values = _common_rules(_Row(old, new))
+    return _change(old, new, family, inputs_changed, rules, values)
+
+
+def _change(old: dict, new: dict, family: str | None, inputs_changed, rules: dict[str, _Found],
+            values: dict) -> Change:
+    """The Change of one row pair from what the common rules found for it (one row's values:
+    compare_row's, or one row of compare_tables' columns) and the family's own golden rules."""
+    key = golden.key_of(new)
     if inputs_changed:
         return Change(key, "inputs_changed", [
             f"input digest {old['input_digest']} -> {new['input_digest']}: the case's inputs "
@@ -407,17 +414,30 @@ def compare_tables(old: pa.Table, new: pa.Table, *, same: bool = False
                    ) -> tuple[list[Change], int]:
     """``numcheck compare``: the Changes of the rows that changed (every row with ``same``), and
     the number of unchanged rows left out. A row of ``new`` is compared with ``old``'s row of its
-    key; a key only ``old`` has is a Change of kind "removed". The verdicts come from
-    ``compare_kinds`` (whole columns); ``compare_row`` gives the listed rows their messages."""
-    o, n, kinds = compare_kinds(old, new)
+    key; a key only ``old`` has is a Change of kind "removed". The verdicts and the listed rows'
+    messages come from the same column-wise rules as ``compare_kinds`` (``_change``: what
+    ``compare_row`` says of a row)."""
+    o, n, kinds, found = _compare(old, new)
     listed = np.arange(len(kinds)) if same else np.flatnonzero(kinds != "same")
+    inputs_changed, rules, values = found
     changes = []
-    for a, b in zip(_dicts(old, o[listed]), _dicts(new, n[listed])):
-        c = Change(golden.key_of(a), "removed", ["row not in NEW"], a, None) if b is None else \
-            compare_row(a, b, b.get("family"))
+    for i, a, b in zip(listed, _dicts(old, o[listed]), _dicts(new, n[listed])):
+        if b is None:
+            c = Change(golden.key_of(a), "removed", ["row not in NEW"], a, None)
+        elif a is None:
+            c = compare_row(None, b)
+        else:  # the listed row's share of the columns' findings: compare_row's, without its cost
+            c = _change(a, b, b.get("family"), inputs_changed[i],
+                        {k: _Found(*(_at(x, i) for x in f)) for k, f in rules.items()},
+                        {k: v[i] for k, v in values.items()})
         if same or c.kind != "same":  # (rows whose family judges them may be the same)
             changes.append(c)
     return changes, len(kinds) - len(changes)
+
+
+def _at(x, i):
+    """Row ``i`` of a rule's per-row array (a slack may be one number for every row)."""
+    return x[i] if isinstance(x, np.ndarray) else x
 
 
 def compare_kinds(old: pa.Table, new: pa.Table) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -425,12 +445,18 @@ def compare_kinds(old: pa.Table, new: pa.Table) -> tuple[np.ndarray, np.ndarray,
     ``(row of old, row of new, kind)`` per key, row -1 where that side has none (of several rows
     with one key the last counts, as in ``golden.read``). ``kind`` is ``compare_row(old row, new
     row).kind``, "removed" for a key only ``old`` has, and None where the row's family has golden
-    rules of its own (``Rules.golden``; ``compare_row`` judges those rows). The rules are
+    rules of its own (``Family.golden``; ``compare_row`` judges those rows). The rules are
     ``compare_row``'s own (``_common_rules``), here on whole columns."""
+    o, n, kinds, _ = _compare(old, new)
+    return o, n, kinds
+
+
+def _compare(old: pa.Table, new: pa.Table):
+    """compare_kinds, and what the common rules found per row (for compare_tables' messages)."""
     o, n = _outer_join(old, new)
     col = _Columns(old, o, new, n)
     with np.errstate(all="ignore"):  # NaN and inf propagate as in Python's float maths
-        inputs_changed, rules, _ = _common_rules(col)
+        inputs_changed, rules, values = _common_rules(col)
     worse, better, drift = (np.logical_or.reduce([getattr(f, side) for f in rules.values()])
                             for side in ("worse", "better", "drift"))
     kinds = np.array(["same", "improved", "drift", "regressed"], dtype=object)[
@@ -443,7 +469,7 @@ def compare_kinds(old: pa.Table, new: pa.Table) -> tuple[np.ndarray, np.ndarray,
     kinds[inputs_changed] = "inputs_changed"
     kinds[o < 0] = "new"
     kinds[n < 0] = "removed"
-    return o, n, kinds
+    return o, n, kinds, (inputs_changed, rules, values)
 
 
 def _outer_join(old: pa.Table, new: pa.Table) -> tuple[np.ndarray, np.ndarray]:

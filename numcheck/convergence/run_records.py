@@ -2,7 +2,7 @@
 
 series: per-step mean over seeds of the paired loss difference (recipe - fp32 reference);
 series_band: per-step max over seeds of |difference - mean| (the seeds' spread; 0 for fp32).
-These are what the golden store keeps and ``rules.ConvergenceRules.golden`` compares. The gate's
+These are what the golden store keeps and ``convergence_rules.ConvergenceRules.golden`` compares. The gate's
 messages (``converge`` applies it to the per-seed curves) travel as the record's ``findings``.
 """
 from __future__ import annotations

@@ -282,7 +282,7 @@ def _common_rules(col: _Columns | _Row) -> tuple[np.ndarray, dict[str, _Found], 
     foreign = col.per_distinct(lambda a, b: _foreign({"platforms": a}, {"platforms": b}), bool,
                                "old:platforms", "new:platforms")
 
-    def judge(applies, o, n_, slack, cross) -> _Found:
+    def against(applies, o, n_, slack, cross) -> _Found:
         exceeds = applies & ~(n_ <= o + slack)  # NaN is worse
         drifts = exceeds & foreign & (n_ <= o + slack + cross)
         return _Found(stats & exceeds & ~drifts, stats & applies & ~exceeds & (n_ < o - slack),
@@ -294,21 +294,21 @@ def _common_rules(col: _Columns | _Row) -> tuple[np.ndarray, dict[str, _Found], 
     (o_rel, o_rel_ok), (n_rel, n_rel_ok) = col.floats("old:kernel_rel_l2"), col.floats(
         "new:kernel_rel_l2")
     yard = _max(zero("old:kernel_rel_l2"), zero("old:baseline_rel_l2"))
-    found["rel_l2"] = judge(o_rel_ok & n_rel_ok & np.isfinite(o_rel), o_rel, n_rel,
-                            error_slack(o_rel, yard, n, u), cross_slack(yard, u))
+    found["rel_l2"] = against(o_rel_ok & n_rel_ok & np.isfinite(o_rel), o_rel, n_rel,
+                              error_slack(o_rel, yard, n, u), cross_slack(yard, u))
 
     n_blocks = zero("old:kernel_n_blocks")
     nb = np.maximum(1.0, n // np.maximum(1.0, _where(n_blocks != 0, n_blocks, 1.0)))
     o_b = col.per_distinct(_block_rel, np.float64, "old:kernel_min_block_sqnr_db")
     n_b = col.per_distinct(_block_rel, np.float64, "new:kernel_min_block_sqnr_db")
     b_yard = _max(o_b, col.per_distinct(_block_rel, np.float64, "old:baseline_min_block_sqnr_db"))
-    found["block"] = judge(np.isfinite(o_b) & ~np.isnan(b_yard), o_b, n_b,
-                           error_slack(o_b, b_yard, nb, u), cross_slack(b_yard, u))
+    found["block"] = against(np.isfinite(o_b) & ~np.isnan(b_yard), o_b, n_b,
+                             error_slack(o_b, b_yard, nb, u), cross_slack(b_yard, u))
 
     o_u, o_u_ok = col.floats("old:kernel_max_ulp")
     n_u = col.floats("new:kernel_max_ulp")[0]  # NaN where None: worse
-    found["max_ulp"] = judge(col.flags("old:gate_ulp") & o_u_ok, o_u, n_u,
-                             np.maximum(ULP_SLACK_MIN, np.ceil(ULP_SLACK_FRAC * o_u)), CROSS_ULP)
+    found["max_ulp"] = against(col.flags("old:gate_ulp") & o_u_ok, o_u, n_u,
+                               np.maximum(ULP_SLACK_MIN, np.ceil(ULP_SLACK_FRAC * o_u)), CROSS_ULP)
 
     o_m, o_m_ok = col.floats("old:kernel_mag_bias_ulp")
     o_m, n_m = abs(o_m), abs(col.floats("new:kernel_mag_bias_ulp")[0])

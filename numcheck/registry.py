@@ -142,9 +142,17 @@ class Registry:
         return [s for n, s in sorted(self._ops.items()) if suite in (None, s.suite)]
 
     def as_kernel(self, op: str, fn, name: str | None = None) -> Kernel:
-        """A Kernel for fn: itself if it is one, its registration if registered, else new."""
+        """A Kernel for fn: itself if it is one, the registered kernel of that name if fn is a
+        string (``verify("sdpa", "sdpa_flash")``), its registration if registered, else new."""
         if isinstance(fn, Kernel):
             return fn if name is None else replace(fn, name=name)
+        if isinstance(fn, str):
+            known = self.kernels(op)
+            if fn not in known:
+                raise UsageError(f"verify({op!r}, {fn!r}): {op} has no kernel named {fn!r}; "
+                                 f"registered: {', '.join(sorted(known)) or 'none'} (or pass "
+                                 "the kernel function itself)")
+            return known[fn] if name is None else replace(known[fn], name=name)
         for k in self.kernels(op).values():
             if k.fn is fn:
                 return k if name is None else replace(k, name=name)

@@ -81,6 +81,16 @@ def test_kernel_decorator_registers_and_verify_uses_its_name(registry_snapshot):
     assert all(r.output == "out" for r in v.records)  # forward_only: no gradient records
 
 
+def test_verify_takes_a_registered_kernels_name():
+    """``nc.verify(op, "name")`` runs the op's registered kernel of that name (its constraints
+    included); an unknown name is a UsageError naming the registered ones."""
+    v = nc.verify("silu", "torch", device="cpu", case_ids=[
+        c.id for c in CATALOG.get_op("silu").grid("quick")[:2]])
+    assert v.kernel == "torch" and v.passed and v.executed == 2, v.summary()
+    with pytest.raises(nc.UsageError, match="no kernel named 'nope'.*registered: .*torch"):
+        nc.verify("silu", "nope", device="cpu")
+
+
 def test_separate_backward_function_is_used(registry_snapshot):
     calls = []
 

@@ -34,6 +34,7 @@ from numcheck.verdicts import judge as verdict
 from numcheck.cases.grid import Case
 from numcheck.catalog import kernels
 from numcheck.errors import UsageError
+from numcheck.kernels import triton_interp
 from numcheck.verdicts.findings import cite
 from numcheck.records import Record, Status
 from numcheck.registry import Kernel, OpSpec
@@ -64,8 +65,11 @@ def _kernel_ref(kern: Kernel) -> str:
 
 
 def repro_command(op: str, kern: Kernel, case: Case, device: str) -> str:
-    """One shell line that runs exactly this case again (grid or hypothesis-found)."""
-    return (f"numcheck verify --op {op} --kernel {_kernel_ref(kern)} --device {device} "
+    """One shell line that runs exactly this case again (grid or hypothesis-found), with the
+    environment it ran in: ``TRITON_INTERPRET=1`` where Triton kernels ran interpreted (without
+    it a Triton kernel on the CPU fails with "0 active drivers")."""
+    env = "TRITON_INTERPRET=1 " if triton_interp.interpreting() else ""
+    return (f"{env}numcheck verify --op {op} --kernel {_kernel_ref(kern)} --device {device} "
             f"--adhoc '{case_to_json(case)}'")
 
 

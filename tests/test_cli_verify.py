@@ -130,3 +130,18 @@ def test_golden_dir_refresh_then_regression(kernels_on_path, capsys):
     user_kernels.good = user_kernels.extra_rounding
     code, out, _ = _run(capsys, "--kernel", "user_kernels:good", *case)
     assert code == 1 and "golden regressed: rel_l2" in out, out
+
+
+def test_repro_line_carries_triton_interpret_where_it_was_set(monkeypatch):
+    """A kernel run under Triton's interpreter needs it again: without TRITON_INTERPRET=1 the
+    printed line would fail with "0 active drivers" on a CPU machine (issue 30)."""
+    from numcheck.catalog import CATALOG
+    from numcheck.run import repro_command
+
+    spec = CATALOG.get_op("silu")
+    kern, case = CATALOG.kernels("silu")["torch"], spec.grid("quick")[0]
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    assert repro_command("silu", kern, case, "cpu").startswith("numcheck verify --op silu")
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    line = repro_command("silu", kern, case, "cpu")
+    assert line.startswith("TRITON_INTERPRET=1 numcheck verify --op silu"), line

@@ -128,13 +128,16 @@ def supports(case, device) -> str | None:
     return available()
 
 
+def interpreting() -> bool:
+    """Does ``TRITON_INTERPRET`` ask for Triton's interpreter in this process?"""
+    import os
+    return os.environ.get("TRITON_INTERPRET", "").lower() in ("1", "true", "on", "yes")
+
+
 def install_if_interpreting() -> bool:
     """``install()`` where ``TRITON_INTERPRET`` asks for the interpreter (and only there: importing
     triton costs a second)."""
-    import os
-    if os.environ.get("TRITON_INTERPRET", "").lower() not in ("1", "true", "on", "yes"):
-        return False
-    return install()
+    return install() if interpreting() else False
 
 
 def uninstall() -> None:

@@ -13,11 +13,13 @@ suites) share its kernel-independent work: inputs, reference, baseline and the b
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import inspect
 import json
 import math
 import traceback
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -362,6 +364,17 @@ def _upstream(case: Case, shape: tuple[int, ...], dtype: torch.dtype, device: st
     return inputs.cast(g64, dtype, device)
 
 
+@contextlib.contextmanager
+def _interpreter_quiet():
+    """Triton's CPU interpreter computes with numpy, which warns on every overflow and NaN a
+    kernel makes on purpose (masked lanes, -inf logits): RuntimeWarnings raised from triton's
+    own modules are dropped while a kernel runs (numcheck measures what the kernel returned);
+    a kernel's own warnings pass."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", category=RuntimeWarning, module=r"triton\.")
+        yield
+
+
 def _execute(spec: OpSpec, kern: Kernel, case: Case, device: str, p: _Prepared) -> list[_Output]:
     """Kernel, baseline and FP64 reference, forward and backward (the same upstream gradient,
     rounded to the output dtype, for all three). Raises _KernelFailed. The baseline, the
@@ -370,7 +383,8 @@ def _execute(spec: OpSpec, kern: Kernel, case: Case, device: str, p: _Prepared) 
     ref = p.ref
     kin = _leaves(p.dev_in, p.grads)
     try:
-        out = kern.fn(**kin, **p.kernel_kw)
+        with _interpreter_quiet():
+            out = kern.fn(**kin, **p.kernel_kw)
     except Exception as e:
         raise _KernelFailed(f"kernel {kern.name} raised {type(e).__name__}: {e}",
                             traceback.format_exc(limit=-3)) from e
@@ -387,11 +401,13 @@ def _execute(spec: OpSpec, kern: Kernel, case: Case, device: str, p: _Prepared) 
     p.g_exact = g_exact
     g_dev = g_dev.clone()  # the kernel's copy
     try:
-        if kern.backward is not None:
-            kg = kern.backward(g_dev, **{n: t.detach() for n, t in kin.items()},
-                               **p.backward_kw)
-        else:
-            kg = torch.autograd.grad(out, [kin[n] for n in p.grads], g_dev, allow_unused=True)
+        with _interpreter_quiet():
+            if kern.backward is not None:
+                kg = kern.backward(g_dev, **{n: t.detach() for n, t in kin.items()},
+                                   **p.backward_kw)
+            else:
+                kg = torch.autograd.grad(out, [kin[n] for n in p.grads], g_dev,
+                                         allow_unused=True)
     except Exception as e:
         raise _KernelFailed(f"kernel {kern.name} backward raised {type(e).__name__}: {e}",
                             traceback.format_exc(limit=-3)) from e

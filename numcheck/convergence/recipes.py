@@ -60,13 +60,24 @@ def _quant_registry():
 
 
 def _torchao_converter(recipe_name: str) -> tuple[Callable | None, str | None]:
+    import logging
+    import warnings
+    # torchao logs a warning per prebuilt extension it cannot load (_C_mxfp8, _C_cutlass_90a on
+    # a CPU build of torch) and torch's pytree one per Enum it registers, on every import:
+    # quiet while numcheck imports it (its own failure still says why, below)
+    noisy = [logging.getLogger(n) for n in ("torchao", "torch.utils._pytree")]
+    levels = [log.level for log in noisy]
     try:
-        import warnings
+        for log in noisy:
+            log.setLevel(logging.ERROR)
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             from torchao.float8 import Float8LinearConfig, convert_to_float8_training
     except Exception as e:  # noqa: BLE001 - any import failure means "skip, with the reason"
         return None, f"torchao.float8 does not import: {type(e).__name__}: {e}"
+    finally:
+        for log, level in zip(noisy, levels):
+            log.setLevel(level)
     config = Float8LinearConfig.from_recipe_name(recipe_name)
 
     def keep(mod, _fqn: str) -> bool:

@@ -99,3 +99,78 @@ def test_bf16_arithmetic_runs_on_the_raw_bits(bare):
     about -9.9e14. tl.sum of eight bf16 ones (8, exact) gives about -2.7e36."""
     assert bare["affine"] != [0.625] * 4 and abs(bare["affine"][0]) > 1e14, bare["affine"]
     assert bare["total"] != [8.0] and abs(bare["total"][0]) > 1e30, bare["total"]
+
+
+_FIXED = r"""
+import json, math, torch, triton, triton.language as tl
+from triton.language.extra import libdevice
+from numcheck.kernels import triton_interp
+assert triton_interp.install()
+
+@triton.jit
+def add_eps(X, Y, eps, BLOCK: tl.constexpr):
+    i = tl.arange(0, BLOCK)
+    tl.store(Y + i, tl.load(X + i) + eps.to(tl.float32))
+
+@triton.jit
+def unary(X, Y, WHICH: tl.constexpr, BLOCK: tl.constexpr):
+    i = tl.arange(0, BLOCK)
+    x = tl.load(X + i)
+    if WHICH == 0:
+        y = libdevice.rsqrt(x)
+    elif WHICH == 1:
+        y = libdevice.tanh(x)
+    elif WHICH == 2:
+        y = libdevice.erf(x)
+    elif WHICH == 3:
+        y = libdevice.exp(x)
+    elif WHICH == 4:
+        y = libdevice.log2(x)
+    else:
+        y = libdevice.pow(x, 1.5)
+    tl.store(Y + i, y)
+
+y = torch.empty(4)
+add_eps[(1,)](torch.ones(4), y, 1e-6, BLOCK=4)
+x = torch.linspace(0.01, 4.0, 64)
+out = {"eps": y.tolist(), "x": x.tolist()}
+for which in range(6):
+    for dtype in (torch.float32, torch.float64):
+        xd = x.to(dtype)
+        yd = torch.empty_like(xd)
+        unary[(1,)](xd, yd, WHICH=which, BLOCK=64)
+        out[f"{which}-{dtype}"] = yd.double().tolist()
+print(json.dumps(out))
+"""
+
+
+def test_numcheck_closes_the_scalar_and_libdevice_gaps():
+    """Under numcheck.kernels.triton_interp.install(): a float argument is an fp32 scalar, and
+    libdevice's functions give the float64 result rounded once to the argument's format (the
+    oracle: Python's math in float64, rounded by torch's cast; in fp64 itself both are within
+    an ulp of the true value)."""
+    triton = pytest.importorskip("triton")
+    if not triton.__version__.startswith("3.9."):
+        pytest.skip(f"measured on triton 3.9.0; this is {triton.__version__}")
+    import math
+
+    import torch
+
+    res = subprocess.run([sys.executable, "-c", _FIXED], capture_output=True, text=True,
+                         timeout=300, env={**os.environ, "TRITON_INTERPRET": "1"})
+    assert res.returncode == 0, res.stderr[-3000:]
+    got = json.loads(res.stdout.strip().splitlines()[-1])
+    assert got["eps"] == [float(torch.tensor(1.0 + 1e-6, dtype=torch.float32))] * 4
+    x = torch.tensor(got["x"], dtype=torch.float64)
+    fns = [lambda v: 1 / math.sqrt(v), math.tanh, math.erf, math.exp, math.log2,
+           lambda v: v ** 1.5]
+    for which, fn in enumerate(fns):
+        for dtype in (torch.float32, torch.float64):
+            xs = x.to(dtype).double()
+            want = torch.tensor([fn(v) for v in xs.tolist()], dtype=torch.float64).to(dtype)
+            have = torch.tensor(got[f"{which}-{dtype}"], dtype=torch.float64)
+            if dtype == torch.float32:  # a float64 value (within an ulp of it) rounded once
+                assert have.tolist() == want.double().tolist(), (which, dtype)
+            else:  # numpy's and Python's float64 maths are each within an ulp of the truth
+                ulp = torch.finfo(torch.float64).eps * want.abs()
+                assert ((have - want).abs() <= 2 * ulp).all(), (which, dtype)

@@ -1,4 +1,5 @@
-"""Correct float conversions for Triton's CPU interpreter (``TRITON_INTERPRET=1``).
+"""Correct float conversions, float scalars and libdevice for Triton's CPU interpreter
+(``TRITON_INTERPRET=1``).
 
 Triton 3.9's interpreter converts floats in one routine, ``_convert_float``, which gets three
 things wrong (docs/findings.md, "Triton's CPU interpreter converts floats wrongly"): bf16/fp8
@@ -11,6 +12,11 @@ where the kernel asks for ``rtz``; bf16/fp16/fp32 overflow to inf as IEEE and co
 do, fp8 saturates to its largest finite value as compiled Triton's ``satfinite`` conversions
 do, NaN stays NaN), and encoded back. Formats it does not know (FNUZ fp8 variants) keep
 Triton's routine. Compiled kernels never pass through it: their bugs are judged as they are.
+
+It also types Python float arguments as fp32 scalars, as compiled Triton's launcher does, and
+gives interpreted kernels ``triton.language.extra.libdevice``'s common functions (the
+interpreter leaves them returning None): docs/findings.md, "Triton's CPU interpreter: float
+scalar arguments, libdevice, bf16 arithmetic". bf16 arithmetic on raw bits is not fixed yet.
 
 ``nc.verify`` and the pytest plugin install it when ``TRITON_INTERPRET`` is set and triton is
 importable (``install_if_interpreting``); ``install()`` returns False where triton is missing or
@@ -86,7 +92,88 @@ def install() -> bool:
 
     _STATE["original"] = original
     interpreter._convert_float = convert
+    _install_scalars(interpreter)
+    _install_libdevice(interpreter)
     return True
+
+
+def _install_scalars(interpreter) -> None:
+    """Python float arguments typed as compiled Triton's launcher types them, fp32 scalars (the
+    interpreter passes the float itself: ``eps.to(tl.float32)`` raises; docs/findings.md)."""
+    import triton.language as tl
+    original = interpreter._implicit_cvt
+
+    def cvt(arg):
+        if isinstance(arg, float):
+            return tl.tensor(interpreter.TensorHandle(np.array([arg], dtype=np.float32),
+                                                      tl.float32), tl.float32)
+        return original(arg)
+
+    _STATE["implicit_cvt"] = original
+    interpreter._implicit_cvt = cvt
+
+
+# libdevice functions a kernel may call, as float64 numpy functions of their arguments: the
+# interpreter leaves triton.language.extra.libdevice unpatched (each call returns None). Each
+# result is numpy's float64 value (within an ulp) rounded once to the argument's format: for
+# fp32 and narrower, the correctly rounded result but in rare near-ties; CUDA's libdevice is
+# within its documented 1-2 ulp of that.
+_LIBDEVICE = {
+    "rsqrt": lambda x: 1.0 / np.sqrt(x), "sqrt": np.sqrt, "exp": np.exp, "exp2": np.exp2,
+    "log": np.log, "log2": np.log2, "tanh": np.tanh, "pow": np.power,
+    "fast_expf": np.exp, "fast_logf": np.log, "fast_dividef": np.divide, "div_rn": np.divide,
+    # float64 holds the product of two fp32 values exactly; the sum is rounded to float64 and
+    # then to fp32, which can differ from a fused multiply-add in a rare tie
+    "fma": lambda a, b, c: a * b + c,
+}
+
+
+def _erf(x):
+    import math
+    return np.vectorize(math.erf, otypes=[np.float64])(x)
+
+
+_LIBDEVICE["erf"] = _erf
+
+
+def _install_libdevice(interpreter) -> None:
+    """libdevice's functions inside an interpreted kernel's patch scope (``_patch_lang``)."""
+    import triton.language as tl
+    original = interpreter._patch_lang
+    names = _names()
+
+    def numeric(fn):
+        def call(*args, _semantic=None, **kwargs):
+            ts = [a if isinstance(a, tl.tensor) else interpreter._implicit_cvt(a) for a in args]
+            dtype = ts[0].type.scalar
+            if dtype not in names:
+                raise TypeError(f"libdevice under numcheck's interpreter support: {dtype} "
+                                "arguments are not supported (fp64, fp32, fp16, bf16 are)")
+            fmt = names[dtype][0]
+            vals = [_decode(np.ascontiguousarray(t.handle.data), names[t.type.scalar][1])
+                    .numpy().reshape(np.shape(t.handle.data)) for t in ts]
+            with np.errstate(all="ignore"):
+                exact = np.asarray(fn(*np.broadcast_arrays(*vals)), dtype=np.float64)
+            bits = exact_convert(exact.view(np.uint64), "fp64", fmt).reshape(exact.shape)
+            data = bits.view(interpreter._get_np_dtype(dtype)) if fmt != "bf16" else bits
+            shape_of = max(ts, key=lambda t: np.ndim(t.handle.data))
+            return tl.tensor(interpreter.TensorHandle(data, dtype), shape_of.type)
+        return call
+
+    impls = {name: numeric(fn) for name, fn in _LIBDEVICE.items()}
+
+    def patch_lang(fn):
+        scope = original(fn)
+        for value in list(fn.__globals__.values()):
+            if getattr(value, "__name__", "").startswith("triton.language.extra") and \
+                    hasattr(value, "rsqrt"):
+                for name, impl in impls.items():
+                    if hasattr(value, name):
+                        scope.set_attr(value, name, impl)
+        return scope
+
+    _STATE["patch_lang"] = original
+    interpreter._patch_lang = patch_lang
 
 
 _MODULES: dict = {}
@@ -141,7 +228,9 @@ def install_if_interpreting() -> bool:
 
 
 def uninstall() -> None:
-    """Put Triton's own routine back (tests)."""
+    """Put Triton's own routines back (tests)."""
     if "original" in _STATE:
         from triton.runtime import interpreter
         interpreter._convert_float = _STATE.pop("original")
+        interpreter._implicit_cvt = _STATE.pop("implicit_cvt")
+        interpreter._patch_lang = _STATE.pop("patch_lang")

@@ -174,3 +174,105 @@ def test_numcheck_closes_the_scalar_and_libdevice_gaps():
             else:  # numpy's and Python's float64 maths are each within an ulp of the truth
                 ulp = torch.finfo(torch.float64).eps * want.abs()
                 assert ((have - want).abs() <= 2 * ulp).all(), (which, dtype)
+
+
+_BF16 = r"""
+import json, torch, triton, triton.language as tl
+from numcheck.kernels import triton_interp
+assert triton_interp.install()
+
+@triton.jit
+def elementwise(A, B, OUT, WHICH: tl.constexpr, N: tl.constexpr):
+    i = tl.arange(0, N)
+    a = tl.load(A + i)
+    b = tl.load(B + i)
+    if WHICH == 0:
+        y = a + b
+    elif WHICH == 1:
+        y = a - b
+    elif WHICH == 2:
+        y = a * b
+    elif WHICH == 3:
+        y = a / b
+    elif WHICH == 4:
+        y = tl.maximum(a, b)
+    elif WHICH == 5:
+        y = tl.where(a < b, a, -b)
+    elif WHICH == 6:
+        y = tl.abs(a) + b  # (tl.exp, tl.sqrt take fp32/fp64 only, compiled or not)
+    elif WHICH == 7:
+        y = tl.minimum(a, b) * a
+    else:
+        y = -a * 1.5
+    tl.store(OUT + i, y)
+
+@triton.jit
+def reductions(A, S, MX, MN, AM, CS, N: tl.constexpr):
+    i = tl.arange(0, N)
+    a = tl.load(A + i)
+    tl.store(S, tl.sum(a, axis=0))
+    tl.store(MX, tl.max(a, axis=0))
+    tl.store(MN, tl.min(a, axis=0))
+    tl.store(AM, tl.argmax(a, axis=0))
+    tl.store(CS + i, tl.cumsum(a, axis=0))
+
+@triton.jit
+def dot(A, B, C, M: tl.constexpr):
+    r = tl.arange(0, M)
+    a = tl.load(A + r[:, None] * M + r[None, :])
+    b = tl.load(B + r[:, None] * M + r[None, :])
+    tl.store(C + r[:, None] * M + r[None, :], tl.dot(a, b))
+
+g = torch.Generator().manual_seed(0)
+N = 64
+a = (torch.randn(N, generator=g) * 3).to(torch.bfloat16)
+b = (torch.randn(N, generator=g) * 3).to(torch.bfloat16)
+out = {"a": a.float().tolist(), "b": b.float().tolist()}
+for which in range(9):
+    y = torch.empty(N, dtype=torch.bfloat16)
+    elementwise[(1,)](a, b, y, WHICH=which, N=N)
+    out[f"e{which}"] = y.float().tolist()
+s, mx, mn = (torch.empty(1, dtype=torch.bfloat16) for _ in range(3))
+am, cs = torch.empty(1, dtype=torch.int32), torch.empty(N, dtype=torch.bfloat16)
+reductions[(1,)](a, s, mx, mn, am, cs, N=N)
+out.update(sum=s.float().item(), max=mx.float().item(), min=mn.float().item(),
+           argmax=am.item(), cumsum=cs.float().tolist())
+M = 16
+A = (torch.randn(M, M, generator=g)).to(torch.bfloat16)
+B = (torch.randn(M, M, generator=g)).to(torch.bfloat16)
+C = torch.empty(M, M)
+dot[(1,)](A, B, C, M=M)
+out.update(A=A.float().tolist(), B=B.float().tolist(), dot=C.tolist())
+print(json.dumps(out))
+"""
+
+
+def test_numcheck_computes_bf16_as_compiled_triton_does():
+    """Under install(): each bf16 op on fp32-decoded operands, rounded once to bf16 (torch's bf16
+    ops on the CPU do the same: the oracle); tl.sum and tl.cumsum of bf16 round each add in
+    order (Triton keeps bf16 as the sum's type), max/min/argmax compare values, tl.dot of bf16
+    accumulates in fp32."""
+    triton = pytest.importorskip("triton")
+    if not triton.__version__.startswith("3.9."):
+        pytest.skip(f"measured on triton 3.9.0; this is {triton.__version__}")
+    import torch
+
+    res = subprocess.run([sys.executable, "-c", _BF16], capture_output=True, text=True,
+                         timeout=300, env={**os.environ, "TRITON_INTERPRET": "1"})
+    assert res.returncode == 0, res.stderr[-3000:]
+    got = json.loads(res.stdout.strip().splitlines()[-1])
+    a, b = (torch.tensor(got[k]).to(torch.bfloat16) for k in "ab")
+    want = [a + b, a - b, a * b, a / b, torch.maximum(a, b), torch.where(a < b, a, -b),
+            a.abs() + b, torch.minimum(a, b) * a, -a * 1.5]
+    for which, w in enumerate(want):
+        assert got[f"e{which}"] == w.float().tolist(), which
+    acc, running = torch.tensor(0.0, dtype=torch.bfloat16), []
+    for v in a:  # one bf16 rounding per add, in order
+        acc = v.clone() if not running else acc + v
+        running.append(acc.float().item())
+    assert got["sum"] == running[-1] and got["cumsum"] == running
+    assert got["max"] == a.max().float().item() and got["min"] == a.min().float().item()
+    assert got["argmax"] == int(a.float().argmax())
+    A, B = (torch.tensor(got[k], dtype=torch.float64) for k in "AB")
+    assert torch.allclose(torch.tensor(got["dot"], dtype=torch.float64), A @ B, rtol=1e-6,
+                          atol=1e-6)

@@ -15,8 +15,9 @@ Triton's routine. Compiled kernels never pass through it: their bugs are judged 
 
 It also types Python float arguments as fp32 scalars, as compiled Triton's launcher does, and
 gives interpreted kernels ``triton.language.extra.libdevice``'s common functions (the
-interpreter leaves them returning None): docs/findings.md, "Triton's CPU interpreter: float
-scalar arguments, libdevice, bf16 arithmetic". bf16 arithmetic on raw bits is not fixed yet.
+interpreter leaves them returning None; docs/findings.md, "Triton's CPU interpreter: float
+scalar arguments, libdevice, bf16 arithmetic"), and computes bf16 operations through fp32 with
+one rounding to bf16 each (the interpreter runs them on the raw uint16 bits).
 
 ``nc.verify`` and the pytest plugin install it when ``TRITON_INTERPRET`` is set and triton is
 importable (``install_if_interpreting``); ``install()`` returns False where triton is missing or
@@ -94,6 +95,7 @@ def install() -> bool:
     interpreter._convert_float = convert
     _install_scalars(interpreter)
     _install_libdevice(interpreter)
+    _install_bf16(interpreter)
     return True
 
 
@@ -227,6 +229,104 @@ def install_if_interpreting() -> bool:
     return install() if interpreting() else False
 
 
+# Float operations on bf16 operands (the interpreter keeps bf16 as uint16 bits and hands them to
+# numpy as integers: docs/findings.md). Each runs on the operands decoded to fp32 (exact) and
+# its result is rounded once to bf16 by numcheck's rounding, as compiled Triton computes a bf16
+# op; comparisons keep the interpreter's own result form.
+_BF16_ARITH = ("add", "subtract", "multiply", "divide", "fmod", "minimum", "maximum", "fmin",
+               "fmax")
+_BF16_COMPARE = ("less", "less_equal", "greater", "greater_equal", "equal", "not_equal")
+
+
+def _install_bf16(interpreter) -> None:
+    """bf16 arithmetic, math, fma, clamps, dots, reductions and scans through fp32 (above)."""
+    import triton.language as tl
+    handle, bf16, fp32 = interpreter.TensorHandle, tl.bfloat16, tl.float32
+    builder, reduce_ops, scan_ops = (interpreter.InterpreterBuilder, interpreter.ReduceOps,
+                                     interpreter.ScanOps)
+    arith = {getattr(np, n) for n in _BF16_ARITH}
+    compare = {getattr(np, n) for n in _BF16_COMPARE}
+
+    def up(data):
+        return (np.asarray(data, dtype=np.uint16).astype(np.uint32) << 16).view(np.float32)
+
+    def down(data):
+        x = np.asarray(data, dtype=np.float32)
+        return exact_convert(x.view(np.uint32).reshape(-1), "fp32", "bf16").reshape(x.shape)
+
+    def is_bf16(h):
+        return isinstance(h, handle) and h.dtype == bf16
+
+    originals = {}
+
+    def patch(cls, name, make):
+        originals[(cls, name)] = getattr(cls, name)
+        setattr(cls, name, make(originals[(cls, name)]))
+
+    def binary(original):
+        def binary_op(self, lhs, rhs, op):
+            if not (is_bf16(lhs) and is_bf16(rhs)) or op not in arith | compare:
+                return original(self, lhs, rhs, op)
+            with np.errstate(all="ignore"):
+                out = op(up(lhs.data), up(rhs.data))
+            if op in arith:
+                return handle(down(out), bf16)
+            return handle(out.astype(np.uint16), bf16)  # as the interpreter shapes a compare
+        return binary_op
+
+    def through_fp32(original):  # every bf16 operand decoded; a fp32 result rounded back
+        def method(self, *args):
+            if not any(is_bf16(a) for a in args):
+                return original(self, *args)
+            args = [handle(up(a.data), fp32) if is_bf16(a) else a for a in args]
+            with np.errstate(all="ignore"):
+                out = original(self, *args)
+            return handle(down(out.data), bf16) if out.dtype == fp32 else out
+        return method
+
+    def dot(original):  # operands decoded; the accumulator keeps its own type
+        def create_dot(self, a, b, d, *rest):
+            a, b = (handle(up(x.data), fp32) if is_bf16(x) else x for x in (a, b))
+            return original(self, a, b, d, *rest)
+        return create_dot
+
+    def reduce_sum(original):  # per-op rounding: the combine function's bf16 adds, in order
+        def reduce(self, input):
+            if input.dtype == bf16:
+                return self.generic_reduce((input,))[0]
+            return original(self, input)
+        return reduce
+
+    def reduce_min_max(original):  # compared as values, not as bit patterns
+        def min_max(self, input, val_reduce_op, idx_reduce_op=None):
+            x = input[0] if isinstance(input, tuple) else input
+            if x.dtype != bf16:
+                return original(self, input, val_reduce_op, idx_reduce_op)
+            wide = tl.core.tensor(handle(up(x.handle.data), fp32), x.type.with_element_ty(fp32)
+                                  if isinstance(x.type, tl.block_type) else fp32)
+            got = original(self, wide, val_reduce_op, idx_reduce_op)
+
+            def back(t):  # the values are bf16 values: exact either way
+                return self.to_tensor(down(t.handle.data), bf16) if t.dtype == fp32 else t
+            return tuple(map(back, got)) if isinstance(got, tuple) else back(got)
+        return min_max
+
+    def scan(original):
+        def method(self, input):
+            return self.generic_scan([input]) if input.dtype == bf16 else original(self, input)
+        return method
+
+    patch(builder, "binary_op", binary)
+    for name in ("unary_op", "ternary_op", "create_fma", "create_rsqrt", "create_erf"):
+        patch(builder, name, through_fp32)
+    patch(builder, "create_dot", dot)
+    patch(reduce_ops, "sum", reduce_sum)
+    patch(reduce_ops, "min_max", reduce_min_max)
+    patch(scan_ops, "cumsum", scan)
+    patch(scan_ops, "cumprod", scan)
+    _STATE["bf16"] = originals
+
+
 def uninstall() -> None:
     """Put Triton's own routines back (tests)."""
     if "original" in _STATE:
@@ -234,3 +334,5 @@ def uninstall() -> None:
         interpreter._convert_float = _STATE.pop("original")
         interpreter._implicit_cvt = _STATE.pop("implicit_cvt")
         interpreter._patch_lang = _STATE.pop("patch_lang")
+        for (cls, name), method in _STATE.pop("bf16").items():
+            setattr(cls, name, method)

@@ -104,6 +104,7 @@ def test_bf16_arithmetic_runs_on_the_raw_bits(bare):
 _FIXED = r"""
 import json, math, torch, triton, triton.language as tl
 from triton.language.extra import libdevice
+from triton.language.extra.libdevice import rsqrt as imported_rsqrt  # as real kernels import it
 from numcheck.kernels import triton_interp
 assert triton_interp.install()
 
@@ -126,15 +127,17 @@ def unary(X, Y, WHICH: tl.constexpr, BLOCK: tl.constexpr):
         y = libdevice.exp(x)
     elif WHICH == 4:
         y = libdevice.log2(x)
-    else:
+    elif WHICH == 5:
         y = libdevice.pow(x, 1.5)
+    else:
+        y = imported_rsqrt(x)
     tl.store(Y + i, y)
 
 y = torch.empty(4)
 add_eps[(1,)](torch.ones(4), y, 1e-6, BLOCK=4)
 x = torch.linspace(0.01, 4.0, 64)
 out = {"eps": y.tolist(), "x": x.tolist()}
-for which in range(6):
+for which in range(7):
     for dtype in (torch.float32, torch.float64):
         xd = x.to(dtype)
         yd = torch.empty_like(xd)
@@ -163,7 +166,7 @@ def test_numcheck_closes_the_scalar_and_libdevice_gaps():
     assert got["eps"] == [float(torch.tensor(1.0 + 1e-6, dtype=torch.float32))] * 4
     x = torch.tensor(got["x"], dtype=torch.float64)
     fns = [lambda v: 1 / math.sqrt(v), math.tanh, math.erf, math.exp, math.log2,
-           lambda v: v ** 1.5]
+           lambda v: v ** 1.5, lambda v: 1 / math.sqrt(v)]
     for which, fn in enumerate(fns):
         for dtype in (torch.float32, torch.float64):
             xs = x.to(dtype).double()

@@ -25,6 +25,8 @@ its interpreter has no such routine (another version: the findings' tests say wh
 """
 from __future__ import annotations
 
+import inspect
+
 import numpy as np
 import torch
 
@@ -138,6 +140,26 @@ def _erf(x):
 _LIBDEVICE["erf"] = _erf
 
 
+class _Globals:
+    """A function's globals as attributes, so that the interpreter's patch scope (``set_attr``,
+    ``restore``) can swap a name a kernel imported from libdevice and put it back."""
+
+    def __init__(self, names: dict) -> None:
+        object.__setattr__(self, "_names", names)
+
+    def __getattr__(self, name):
+        try:
+            return self._names[name]
+        except KeyError:
+            raise AttributeError(name) from None
+
+    def __setattr__(self, name, value) -> None:
+        self._names[name] = value
+
+    def __delattr__(self, name) -> None:
+        del self._names[name]
+
+
 def _install_libdevice(interpreter) -> None:
     """libdevice's functions inside an interpreted kernel's patch scope (``_patch_lang``)."""
     import triton.language as tl
@@ -164,14 +186,22 @@ def _install_libdevice(interpreter) -> None:
 
     impls = {name: numeric(fn) for name, fn in _LIBDEVICE.items()}
 
+    def libdevice(value) -> bool:  # the module, or one of its functions imported by name
+        return getattr(value, "__name__" if inspect.ismodule(value) else "__module__",
+                       "").startswith("triton.language.extra")
+
     def patch_lang(fn):
         scope = original(fn)
-        for value in list(fn.__globals__.values()):
-            if getattr(value, "__name__", "").startswith("triton.language.extra") and \
-                    hasattr(value, "rsqrt"):
+        names = _Globals(fn.__globals__)
+        for key, value in list(fn.__globals__.items()):
+            if not libdevice(value):
+                continue
+            if inspect.ismodule(value):  # `libdevice.rsqrt(x)`
                 for name, impl in impls.items():
                     if hasattr(value, name):
                         scope.set_attr(value, name, impl)
+            elif getattr(value, "__name__", None) in impls:  # `from ...libdevice import rsqrt`
+                scope.set_attr(names, key, impls[value.__name__])
         return scope
 
     _STATE["patch_lang"] = original

@@ -1,0 +1,57 @@
+"""Real Triton kernels from a library installed from PyPI, verified on the CPU under Triton's
+interpreter with numcheck's interpreter support (issue 30; docs/triton.md, "Kernels written
+elsewhere"). Optional: `pip install 'numcheck[corpus]'` (liger-kernel; its code is never copied
+here) and --numcheck-slow (a minute or two interpreted). Subprocess: TRITON_INTERPRET must be
+set before triton is imported and must not leak into this process."""
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+pytestmark = pytest.mark.slow
+
+_SCRIPT = r"""
+import json
+import numcheck as nc
+from liger_kernel.ops.rms_norm import LigerRMSNormFunction
+from liger_kernel.ops.swiglu import LigerSiLUMulFunction
+
+def rms_norm(x, weight, eps):  # positional apply: (X, W, eps, offset, casting_mode, in_place)
+    return LigerRMSNormFunction.apply(x, weight, eps, 0.0, "llama", False)
+
+def swiglu(a, b):
+    return LigerSiLUMulFunction.apply(a, b)
+
+out = {}
+for op, fn in (("rms_norm", rms_norm), ("swiglu", swiglu)):
+    v = nc.verify(op, fn, device="cpu")
+    out[op] = {"passed": v.passed, "executed": v.executed,
+               "errors": [r.reason for r in v.records if r.status == "error"][:3],
+               "failed": [(r.case_id, r.output, r.reason[:300]) for r in v.failures][:3]}
+print(json.dumps(out))
+"""
+
+
+@pytest.fixture(scope="module")
+def liger():
+    pytest.importorskip("triton")
+    if importlib.util.find_spec("liger_kernel") is None:
+        pytest.skip("liger-kernel is not installed (pip install 'numcheck[corpus]')")
+    res = subprocess.run([sys.executable, "-c", _SCRIPT], capture_output=True, text=True,
+                         timeout=1200, env={**os.environ, "TRITON_INTERPRET": "1"})
+    assert res.returncode == 0, res.stderr[-3000:]
+    return json.loads(res.stdout.strip().splitlines()[-1])
+
+
+@pytest.mark.parametrize("op", ["rms_norm", "swiglu"])
+def test_liger_kernels_run_interpreted_and_pass(liger, op):
+    """Correct kernels: every case runs (no interpreter crash: float eps, libdevice rsqrt) and
+    passes, forward and backward, bf16 and fp16 included."""
+    got = liger[op]
+    assert got["executed"] > 0 and not got["errors"], got
+    assert got["passed"], got

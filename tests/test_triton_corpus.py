@@ -18,17 +18,36 @@ pytestmark = pytest.mark.slow
 _SCRIPT = r"""
 import json
 import numcheck as nc
+from liger_kernel.ops.cross_entropy import LigerCrossEntropyFunction
+from liger_kernel.ops.layer_norm import LigerLayerNormFunction
 from liger_kernel.ops.rms_norm import LigerRMSNormFunction
+from liger_kernel.ops.rope import LigerRopeFunction
+from liger_kernel.ops.softmax import LigerSoftmaxFunction
 from liger_kernel.ops.swiglu import LigerSiLUMulFunction
 
 def rms_norm(x, weight, eps):  # positional apply: (X, W, eps, offset, casting_mode, in_place)
     return LigerRMSNormFunction.apply(x, weight, eps, 0.0, "llama", False)
 
+def layer_norm(x, weight, bias, eps):
+    return LigerLayerNormFunction.apply(x, weight, bias, eps)
+
 def swiglu(a, b):
     return LigerSiLUMulFunction.apply(a, b)
 
+def softmax(x, dim=-1):  # the kernel reduces over the last dim: move dim there and back
+    return LigerSoftmaxFunction.apply(x.transpose(dim, -1).contiguous()).transpose(dim, -1)
+
+def rope(x, cos, sin):  # rotates q and k together; cos, sin (1, S, D) broadcast over heads
+    return LigerRopeFunction.apply(x, x.clone(), cos.unsqueeze(0), sin.unsqueeze(0))[0]
+
+def cross_entropy(logits, target):  # (loss, z_loss, ...): numcheck's op is the mean loss
+    out = LigerCrossEntropyFunction.apply(logits, target, None, -100, 0.0, 0.0, "mean")
+    return out[0] if isinstance(out, tuple) else out
+
+OPS = {"rms_norm": rms_norm, "layer_norm": layer_norm, "swiglu": swiglu, "softmax": softmax,
+       "rope": rope, "cross_entropy": cross_entropy}
 out = {}
-for op, fn in (("rms_norm", rms_norm), ("swiglu", swiglu)):
+for op, fn in OPS.items():
     v = nc.verify(op, fn, device="cpu")
     out[op] = {"passed": v.passed, "executed": v.executed,
                "errors": [r.reason for r in v.records if r.status == "error"][:3],
@@ -48,10 +67,11 @@ def liger():
     return json.loads(res.stdout.strip().splitlines()[-1])
 
 
-@pytest.mark.parametrize("op", ["rms_norm", "swiglu"])
+@pytest.mark.parametrize("op", ["rms_norm", "layer_norm", "swiglu", "softmax", "rope",
+                                "cross_entropy"])
 def test_liger_kernels_run_interpreted_and_pass(liger, op):
-    """Correct kernels: every case runs (no interpreter crash: float eps, libdevice rsqrt) and
-    passes, forward and backward, bf16 and fp16 included."""
+    """Correct kernels: every case runs (no interpreter crash: float eps, libdevice rsqrt, bf16
+    arithmetic) and passes, forward and backward, bf16 and fp16 included."""
     got = liger[op]
     assert got["executed"] > 0 and not got["errors"], got
     assert got["passed"], got

@@ -40,18 +40,13 @@ import torch
 
 from numcheck import formats
 from numcheck.measure.backend import njit
+from numcheck.telemetry import fields
 
 # The formats' exact constants (numcheck.formats), as module globals: numba freezes them into
 # the compiled loops.
 _F64, _F32 = formats.get("fp64"), formats.get("fp32")
 _BF16, _FP16 = formats.get("bf16"), formats.get("fp16")
-# dtype -> (the integer view the count loop reads, +inf's bits, the magnitude mask)
-_BITS = {
-    torch.float64: (torch.int64, _F64.inf_bits, _F64.abs_mask),
-    torch.float32: (torch.int32, _F32.inf_bits, _F32.abs_mask),
-    torch.bfloat16: (torch.int16, _BF16.inf_bits, _BF16.abs_mask),
-    torch.float16: (torch.int16, _FP16.inf_bits, _FP16.abs_mask),
-}
+_BITS = fields.BIT_VIEWS  # dtype -> (integer view, +inf's bits, magnitude mask)
 _F32_INF, _F32_ABS = _F32.inf_bits, _F32.abs_mask
 _BF16_INF, _FP16_INF = _BF16.inf_bits, _FP16.inf_bits
 _HALF_ABS = _BF16.abs_mask  # bf16's and fp16's alike: 15 bits under the sign

@@ -43,13 +43,7 @@ from numcheck.telemetry import fields
 
 _F64, _F32 = formats.get("fp64"), formats.get("fp32")
 _BF16, _FP16 = formats.get("bf16"), formats.get("fp16")
-# dtype -> (integer view the kernel reads, +inf's bits, the magnitude mask)
-_BITS = {
-    torch.float64: (torch.int64, _F64.inf_bits, _F64.abs_mask),
-    torch.float32: (torch.int32, _F32.inf_bits, _F32.abs_mask),
-    torch.bfloat16: (torch.int16, _BF16.inf_bits, _BF16.abs_mask),
-    torch.float16: (torch.int16, _FP16.inf_bits, _FP16.abs_mask),
-}
+_BITS = fields.BIT_VIEWS  # dtype -> (integer view, +inf's bits, magnitude mask)
 # The formats' exact constants the kernels read (globals a Triton kernel reads must be
 # constexpr): float64's layout (exponents from its bits, powers of two built there); bf16 is
 # float32's top half; fp16's fraction bits and mask, its implicit bit, and the exponent that

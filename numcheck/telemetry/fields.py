@@ -28,6 +28,16 @@ import torch
 from numcheck.quant.fp8 import FP8Quantized
 from numcheck.quant.mx import E8M0_EMAX, E8M0_EMIN, MXQuantized
 from numcheck.quant.nvfp4 import NVFP4Quantized
+from numcheck import formats
+
+# The compiled passes' bit-level reads of a float tensor (numcheck/telemetry/_fields_numba.py,
+# _fields_triton.py): dtype -> (the integer view, +inf's bits, the magnitude mask), from the
+# formats' exact constants.
+BIT_VIEWS = {dtype: (view, formats.get(name).inf_bits, formats.get(name).abs_mask)
+             for dtype, view, name in ((torch.float64, torch.int64, "fp64"),
+                                       (torch.float32, torch.int32, "fp32"),
+                                       (torch.bfloat16, torch.int16, "bf16"),
+                                       (torch.float16, torch.int16, "fp16"))}
 
 KEY = ("step", "rank", "module", "op", "role", "pass", "recipe", "what_if")
 

@@ -44,6 +44,9 @@ def cross_entropy(logits, target):  # (loss, z_loss, ...): numcheck's op is the 
     out = LigerCrossEntropyFunction.apply(logits, target, None, -100, 0.0, 0.0, "mean")
     return out[0] if isinstance(out, tuple) else out
 
+def rms_norm_in_input_dtype(x, weight, eps):  # the library's casting_mode "none"
+    return LigerRMSNormFunction.apply(x, weight, eps, 0.0, "none", False)
+
 OPS = {"rms_norm": rms_norm, "layer_norm": layer_norm, "swiglu": swiglu, "softmax": softmax,
        "rope": rope, "cross_entropy": cross_entropy}
 out = {}
@@ -52,6 +55,9 @@ for op, fn in OPS.items():
     out[op] = {"passed": v.passed, "executed": v.executed,
                "errors": [r.reason for r in v.records if r.status == "error"][:3],
                "failed": [(r.case_id, r.output, r.reason[:300]) for r in v.failures][:3]}
+v = nc.verify("rms_norm", rms_norm_in_input_dtype, device="cpu")
+out["rms_norm_in_input_dtype"] = {"passed": v.passed,
+                                  "failed_dtypes": sorted({r.dtype for r in v.failures})}
 print(json.dumps(out))
 """
 
@@ -75,3 +81,12 @@ def test_liger_kernels_run_interpreted_and_pass(liger, op):
     got = liger[op]
     assert got["executed"] > 0 and not got["errors"], got
     assert got["passed"], got
+
+
+def test_norm_statistics_in_the_input_dtype_are_caught(liger):
+    """The library's own casting_mode="none" (mean of squares and rstd in bf16/fp16, the class
+    of bug issue 31 found twice in that library's history) fails on bf16 and fp16 and only
+    there (in fp32 it is the same computation as "llama")."""
+    got = liger["rms_norm_in_input_dtype"]
+    assert not got["passed"] and got["failed_dtypes"] == ["bf16", "fp16"], got
+

@@ -13,6 +13,18 @@ import sys
 
 import pytest
 
+
+def _interpreted(script: str) -> dict:
+    """The JSON line ``script`` prints, run with TRITON_INTERPRET=1 in a fresh interpreter;
+    skipped without triton or on another version than the one measured."""
+    triton = pytest.importorskip("triton")
+    if not triton.__version__.startswith("3.9."):
+        pytest.skip(f"measured on triton 3.9.0; this is {triton.__version__}")
+    res = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                         timeout=300, env={**os.environ, "TRITON_INTERPRET": "1"})
+    assert res.returncode == 0, res.stderr[-3000:]
+    return json.loads(res.stdout.strip().splitlines()[-1])
+
 _SCRIPT = r"""
 import json, torch, triton, triton.language as tl
 from triton.language.extra import libdevice
@@ -72,13 +84,7 @@ print(json.dumps({"triton": triton.__version__, **out}))
 
 @pytest.fixture(scope="module")
 def bare():
-    triton = pytest.importorskip("triton")
-    if not triton.__version__.startswith("3.9."):
-        pytest.skip(f"measured on triton 3.9.0; this is {triton.__version__}")
-    res = subprocess.run([sys.executable, "-c", _SCRIPT], capture_output=True, text=True,
-                         timeout=300, env={**os.environ, "TRITON_INTERPRET": "1"})
-    assert res.returncode == 0, res.stderr[-3000:]
-    return json.loads(res.stdout.strip().splitlines()[-1])
+    return _interpreted(_SCRIPT)
 
 
 def test_a_python_float_argument_stays_a_python_float(bare):
@@ -152,17 +158,11 @@ def test_numcheck_closes_the_scalar_and_libdevice_gaps():
     libdevice's functions give the float64 result rounded once to the argument's format (the
     oracle: Python's math in float64, rounded by torch's cast; in fp64 itself both are within
     an ulp of the true value)."""
-    triton = pytest.importorskip("triton")
-    if not triton.__version__.startswith("3.9."):
-        pytest.skip(f"measured on triton 3.9.0; this is {triton.__version__}")
     import math
 
     import torch
 
-    res = subprocess.run([sys.executable, "-c", _FIXED], capture_output=True, text=True,
-                         timeout=300, env={**os.environ, "TRITON_INTERPRET": "1"})
-    assert res.returncode == 0, res.stderr[-3000:]
-    got = json.loads(res.stdout.strip().splitlines()[-1])
+    got = _interpreted(_FIXED)
     assert got["eps"] == [float(torch.tensor(1.0 + 1e-6, dtype=torch.float32))] * 4
     x = torch.tensor(got["x"], dtype=torch.float64)
     fns = [lambda v: 1 / math.sqrt(v), math.tanh, math.erf, math.exp, math.log2,
@@ -255,15 +255,9 @@ def test_numcheck_computes_bf16_as_compiled_triton_does():
     ops on the CPU do the same: the oracle); tl.sum and tl.cumsum of bf16 round each add in
     order (Triton keeps bf16 as the sum's type), max/min/argmax compare values, tl.dot of bf16
     accumulates in fp32."""
-    triton = pytest.importorskip("triton")
-    if not triton.__version__.startswith("3.9."):
-        pytest.skip(f"measured on triton 3.9.0; this is {triton.__version__}")
     import torch
 
-    res = subprocess.run([sys.executable, "-c", _BF16], capture_output=True, text=True,
-                         timeout=300, env={**os.environ, "TRITON_INTERPRET": "1"})
-    assert res.returncode == 0, res.stderr[-3000:]
-    got = json.loads(res.stdout.strip().splitlines()[-1])
+    got = _interpreted(_BF16)
     a, b = (torch.tensor(got[k]).to(torch.bfloat16) for k in "ab")
     want = [a + b, a - b, a * b, a / b, torch.maximum(a, b), torch.where(a < b, a, -b),
             a.abs() + b, torch.minimum(a, b) * a, -a * 1.5]

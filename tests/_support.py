@@ -2,8 +2,11 @@
 from __future__ import annotations
 
 import importlib.metadata
+import json
 import math
 import os
+import subprocess
+import sys
 import warnings
 from dataclasses import dataclass, field
 from typing import Callable
@@ -125,3 +128,16 @@ def amd(isa: dict) -> bool:
 
 def intel_amx(isa: dict) -> bool:
     return isa["vendor"] == "GenuineIntel" and bool(isa["amx_tile"])
+
+
+def run_interpreted(script: str, timeout: float = 300) -> dict:
+    """The JSON line ``script`` prints, run with TRITON_INTERPRET=1 in a fresh interpreter
+    (the variable must be set before triton is imported and must not leak into the test
+    process); skipped without triton or on another version than the one measured (3.9)."""
+    triton = pytest.importorskip("triton")
+    if not triton.__version__.startswith("3.9."):
+        pytest.skip(f"measured on triton 3.9.0; this is {triton.__version__}")
+    res = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                         timeout=timeout, env={**os.environ, "TRITON_INTERPRET": "1"})
+    assert res.returncode == 0, res.stderr[-3000:]
+    return json.loads(res.stdout.strip().splitlines()[-1])

@@ -22,6 +22,15 @@ from numcheck.measure import environment as env
     ("CppCompileError: C++ compile error\n/tmp/c/uv/cuv7t.main.cpp:15:37: error: \u2018at::vec\u2019"
      " has not been declared", "inductor-cache-across-cpu-capability"),
     ("error: 'at::vec' has not been declared", "inductor-cache-across-cpu-capability"),
+    # as Triton 3.9.0's interpreter and numcheck's support raise them (tests/test_triton_limits.py)
+    ("InterpreterError: NotImplementedError('inline_asm not supported in interpreter mode')",
+     "triton-interp-device-code"),
+    ("NotImplementedError: extern_elementwise not supported in interpreter mode",
+     "triton-interp-device-code"),
+    ("InterpreterError: NotImplementedError(\"triton.language.extra.libdevice.j0 is not "
+     "implemented under Triton's CPU interpreter (...): an environment limit "
+     "[triton-interp-libdevice], not a kernel failure\")", "triton-interp-libdevice"),
+    ("RuntimeError: 0 active drivers ([]). There should only be one.", "triton-no-driver"),
 ])
 def test_known_failure_matches_documented_messages(message, finding):
     assert env.known_failure(message) == finding
@@ -32,6 +41,7 @@ def test_known_failure_matches_documented_messages(message, finding):
     "pack_vnni2",  # a fragment is not the failure
     "No available kernel. Aborting execution.",
     "AssertionError: kernel output differs",
+    "InterpreterError: ValueError('Cannot broadcast, rank mismatch')",  # a kernel's own bug
 ])
 def test_known_failure_is_none_for_other_errors(message):
     assert env.known_failure(message) is None

@@ -6,24 +6,10 @@ in numcheck.kernels.triton_interp) is noticed. Subprocess: TRITON_INTERPRET must
 triton is imported and must not leak into this process."""
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
-
 import pytest
 
+from _support import run_interpreted
 
-def _interpreted(script: str) -> dict:
-    """The JSON line ``script`` prints, run with TRITON_INTERPRET=1 in a fresh interpreter;
-    skipped without triton or on another version than the one measured."""
-    triton = pytest.importorskip("triton")
-    if not triton.__version__.startswith("3.9."):
-        pytest.skip(f"measured on triton 3.9.0; this is {triton.__version__}")
-    res = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
-                         timeout=300, env={**os.environ, "TRITON_INTERPRET": "1"})
-    assert res.returncode == 0, res.stderr[-3000:]
-    return json.loads(res.stdout.strip().splitlines()[-1])
 
 _SCRIPT = r"""
 import json, torch, triton, triton.language as tl
@@ -75,8 +61,19 @@ def total_case():
     total[(1,)](torch.ones(8, dtype=torch.bfloat16), y, BLOCK=8)
     return y.float().tolist()
 
+@triton.autotune(configs=[triton.Config({"BLOCK": 4}), triton.Config({"BLOCK": 8})], key=["n"])
+@triton.jit
+def copy_tuned(X, Y, n, BLOCK: tl.constexpr):
+    i = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    tl.store(Y + i, tl.load(X + i, mask=i < n), mask=i < n)
+
+def tuned_case():
+    y = torch.empty(8)
+    copy_tuned[lambda meta: (triton.cdiv(8, meta["BLOCK"]),)](torch.ones(8), y, 8)
+    return y.tolist()
+
 for name, run in (("eps", eps_case), ("rsqrt", rsqrt_case), ("affine", affine_case),
-                  ("total", total_case)):
+                  ("total", total_case), ("tuned", tuned_case)):
     attempt(name, run)
 print(json.dumps({"triton": triton.__version__, **out}))
 """
@@ -84,7 +81,7 @@ print(json.dumps({"triton": triton.__version__, **out}))
 
 @pytest.fixture(scope="module")
 def bare():
-    return _interpreted(_SCRIPT)
+    return run_interpreted(_SCRIPT)
 
 
 def test_a_python_float_argument_stays_a_python_float(bare):
@@ -97,6 +94,13 @@ def test_libdevice_functions_return_none(bare):
     """``triton.language.extra.libdevice`` functions are not patched by the interpreter: they
     return None, and the store that follows fails."""
     assert "cannot convert None" in bare["rsqrt"], bare["rsqrt"]
+
+
+def test_an_autotuned_kernel_asks_for_a_gpu_to_time_its_configs(bare):
+    """@triton.autotune with two configs benchmarks them through the active driver, which the
+    interpreter does not provide (numcheck's support takes the first config instead:
+    tests/test_triton_limits.py)."""
+    assert "0 active drivers" in bare["tuned"], bare["tuned"]
 
 
 def test_bf16_arithmetic_runs_on_the_raw_bits(bare):
@@ -162,7 +166,7 @@ def test_numcheck_closes_the_scalar_and_libdevice_gaps():
 
     import torch
 
-    got = _interpreted(_FIXED)
+    got = run_interpreted(_FIXED)
     assert got["eps"] == [float(torch.tensor(1.0 + 1e-6, dtype=torch.float32))] * 4
     x = torch.tensor(got["x"], dtype=torch.float64)
     fns = [lambda v: 1 / math.sqrt(v), math.tanh, math.erf, math.exp, math.log2,
@@ -257,7 +261,7 @@ def test_numcheck_computes_bf16_as_compiled_triton_does():
     accumulates in fp32."""
     import torch
 
-    got = _interpreted(_BF16)
+    got = run_interpreted(_BF16)
     a, b = (torch.tensor(got[k]).to(torch.bfloat16) for k in "ab")
     want = [a + b, a - b, a * b, a / b, torch.maximum(a, b), torch.where(a < b, a, -b),
             a.abs() + b, torch.minimum(a, b) * a, -a * 1.5]

@@ -98,7 +98,22 @@ def install() -> bool:
     _install_scalars(interpreter)
     _install_libdevice(interpreter)
     _install_bf16(interpreter)
+    _install_autotune()
     return True
+
+
+def _install_autotune() -> None:
+    """``@triton.autotune`` with several configs: the first config the kernel's own pruning
+    keeps, without benchmarking (the interpreter has no device to time: the bare Autotuner
+    raises "0 active drivers"; docs/findings.md). On a GPU the tuned config runs compiled."""
+    from triton.runtime.autotuner import Autotuner
+    original = Autotuner.prune_configs
+
+    def prune_configs(self, kwargs):
+        return original(self, kwargs)[:1]
+
+    _STATE["prune_configs"] = original
+    Autotuner.prune_configs = prune_configs
 
 
 def _install_scalars(interpreter) -> None:
@@ -129,7 +144,26 @@ _LIBDEVICE = {
     # float64 holds the product of two fp32 values exactly; the sum is rounded to float64 and
     # then to fp32, which can differ from a fused multiply-add in a rare tie
     "fma": lambda a, b, c: a * b + c,
+    # exact in every format (the float64 result is representable): quantizers round with these
+    "floor": np.floor, "ceil": np.ceil, "trunc": np.trunc, "rint": np.rint, "nearbyint": np.rint,
+    "round": lambda x: np.copysign(np.floor(np.abs(x) + 0.5), x),  # C round: ties away
+    "abs": np.abs, "fabs": np.abs, "fmax": np.fmax, "fmin": np.fmin, "copysign": np.copysign,
+    "log1p": np.log1p, "expm1": np.expm1, "log10": np.log10, "exp10": lambda x: 10.0 ** x,
+    "sin": np.sin, "cos": np.cos, "tan": np.tan, "asin": np.arcsin, "acos": np.arccos,
+    "atan": np.arctan, "atan2": np.arctan2, "sinh": np.sinh, "cosh": np.cosh,
+    "asinh": np.arcsinh, "acosh": np.arccosh, "atanh": np.arctanh, "cbrt": np.cbrt,
+    "hypot": np.hypot, "fmod": np.fmod,
 }
+
+# The finding id under which a kernel that needs what the interpreter cannot run is reported
+# (numcheck.measure.environment.ENVIRONMENT_FAILURES; `numcheck explain`).
+LIBDEVICE_LIMIT = "triton-interp-libdevice"
+
+
+def _limit(what: str, implemented: str) -> str:
+    return (f"{what} is not implemented under Triton's CPU interpreter (numcheck's support "
+            f"implements {implemented}): an environment limit [{LIBDEVICE_LIMIT}], not a "
+            "kernel failure; run the kernel compiled on a GPU")
 
 
 def _erf(x):
@@ -166,13 +200,13 @@ def _install_libdevice(interpreter) -> None:
     original = interpreter._patch_lang
     names = _names()
 
-    def numeric(fn):
+    def numeric(name, fn):
         def call(*args, _semantic=None, **kwargs):
             ts = [a if isinstance(a, tl.tensor) else interpreter._implicit_cvt(a) for a in args]
             dtype = ts[0].type.scalar
             if dtype not in names:
-                raise TypeError(f"libdevice under numcheck's interpreter support: {dtype} "
-                                "arguments are not supported (fp64, fp32, fp16, bf16 are)")
+                raise NotImplementedError(_limit(f"libdevice.{name} of {dtype}",
+                                                 "fp64, fp32, fp16 and bf16 arguments"))
             fmt = names[dtype][0]
             vals = [_decode(np.ascontiguousarray(t.handle.data), names[t.type.scalar][1])
                     .numpy().reshape(np.shape(t.handle.data)) for t in ts]
@@ -184,7 +218,13 @@ def _install_libdevice(interpreter) -> None:
             return tl.tensor(interpreter.TensorHandle(data, dtype), shape_of.type)
         return call
 
-    impls = {name: numeric(fn) for name, fn in _LIBDEVICE.items()}
+    impls = {name: numeric(name, fn) for name, fn in _LIBDEVICE.items()}
+
+    def missing(f):  # what the bare interpreter leaves returning None, named instead
+        def call(*args, _semantic=None, **kwargs):
+            raise NotImplementedError(_limit(f"{f.__module__}.{f.__name__}",
+                                             ", ".join(sorted(_LIBDEVICE))))
+        return call
 
     def libdevice(value) -> bool:  # the module, or one of its functions imported by name
         return getattr(value, "__name__" if inspect.ismodule(value) else "__module__",
@@ -197,11 +237,11 @@ def _install_libdevice(interpreter) -> None:
             if not libdevice(value):
                 continue
             if inspect.ismodule(value):  # `libdevice.rsqrt(x)`
-                for name, impl in impls.items():
-                    if hasattr(value, name):
-                        scope.set_attr(value, name, impl)
-            elif getattr(value, "__name__", None) in impls:  # `from ...libdevice import rsqrt`
-                scope.set_attr(names, key, impls[value.__name__])
+                for name, f in vars(value).items():
+                    if inspect.isfunction(f) and not name.startswith("_"):
+                        scope.set_attr(value, name, impls.get(name) or missing(f))
+            elif inspect.isfunction(value):  # `from ...libdevice import rsqrt`
+                scope.set_attr(names, key, impls.get(value.__name__) or missing(value))
         return scope
 
     _STATE["patch_lang"] = original
@@ -364,5 +404,7 @@ def uninstall() -> None:
         interpreter._convert_float = _STATE.pop("original")
         interpreter._implicit_cvt = _STATE.pop("implicit_cvt")
         interpreter._patch_lang = _STATE.pop("patch_lang")
+        from triton.runtime.autotuner import Autotuner
+        Autotuner.prune_configs = _STATE.pop("prune_configs")
         for (cls, name), method in _STATE.pop("bf16").items():
             setattr(cls, name, method)

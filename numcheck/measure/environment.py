@@ -49,6 +49,13 @@ ENVIRONMENT_FAILURES: tuple[tuple[re.Pattern, str], ...] = (
     (re.compile(r"pack_vnni2 is only supported when avx512 is supported"),
      "torch-cpu-flash-bf16-avx2-vnni"),
     (re.compile(r"at::vec.{0,3} has not been declared"), "inductor-cache-across-cpu-capability"),
+    # Triton's CPU interpreter (TRITON_INTERPRET=1) cannot run device code: libdevice functions
+    # numcheck's support does not implement (its own message), inline PTX and extern calls
+    (re.compile(r"\[triton-interp-libdevice\]"), "triton-interp-libdevice"),
+    (re.compile(r"(inline_asm|extern_elementwise) not supported in interpreter mode"),
+     "triton-interp-device-code"),
+    # Triton asked for a GPU driver (a launcher's device query) where there is none
+    (re.compile(r"0 active drivers \(\[\]\)"), "triton-no-driver"),
 )
 
 

@@ -107,6 +107,30 @@ _ALL = (
         "supported' under ATEN_CPU_CAPABILITY=avx2 on an Intel Xeon with AMX (torch 2.13.0): a "
         "torch build limitation, not a kernel error. Does not reproduce on AMD EPYC without "
         "AMX. Run it under avx512."),
+    Finding(
+        "triton-interp-libdevice",
+        "a libdevice function Triton's CPU interpreter cannot run",
+        "Triton's interpreter (TRITON_INTERPRET=1, triton 3.9.0) leaves the functions of "
+        "triton.language.extra.libdevice returning None. numcheck's interpreter support "
+        "(numcheck.kernels.triton_interp) implements the common float ones (rsqrt, sqrt, exp, "
+        "log, tanh, erf, pow, fma, rounding, trigonometry, ...: numpy's float64 value rounded "
+        "once to the argument's format) and names every other one instead of returning None. "
+        "A case that needs one is the environment's limit, not the kernel's failure: run the "
+        "kernel compiled on a GPU (bench/gpu_run.sh)."),
+    Finding(
+        "triton-interp-device-code",
+        "inline PTX or an extern call inside a Triton kernel on the CPU interpreter",
+        "tl.inline_asm_elementwise and extern_elementwise calls are device code; Triton's "
+        "interpreter raises 'not supported in interpreter mode' (triton 3.9.0). Nothing on "
+        "the CPU can run them: the kernel is verified compiled on a GPU."),
+    Finding(
+        "triton-no-driver",
+        "a Triton launcher asked for a GPU driver where there is none",
+        "Triton raised '0 active drivers': the kernel's launcher (or an autotuner) queried the "
+        "device (triton.runtime.driver.active: properties, a benchmarker) on a machine without "
+        "a GPU, or without TRITON_INTERPRET=1. numcheck's interpreter support picks an "
+        "autotuned kernel's first config instead of benchmarking; a launcher's own device "
+        "queries need a GPU. Set TRITON_INTERPRET=1 before triton is imported, or run on CUDA."),
 )
 FINDINGS: dict[str, Finding] = {f.id: f for f in _ALL}
 

@@ -4,7 +4,7 @@
 # GEMM through torch._scaled_mm and every SDPA backend, fingerprinted; the table is in the report)
 # recording cuda-smXY goldens and a results file into $OUT
 # (review them, then copy $OUT/golden/cuda-sm* to golden/ and commit), the markdown report, and
-# the ErrorStats benchmark on CUDA (the fused Triton kernel, the chunked fallback, and a check
+# the Triton corpus compiled (tests/test_triton_corpus.py), the ErrorStats benchmark on CUDA (the fused Triton kernel, the chunked fallback, and a check
 # that their statistics agree: exit 1 if not) and on this host's CPU at 2 threads (another CPU
 # kind than the development machine's), and numcheck.telemetry's cost on CUDA (the tiny models;
 # tests/test_telemetry_cuda.py runs with the cuda tests). Outputs go to $OUT (default ./out);
@@ -30,6 +30,13 @@ step suites_cuda "$py" -m pytest -p numcheck.frontends.plugin suites -q -n 8 --d
   --numcheck-refresh --numcheck-results "$OUT/results.parquet"
 step report "$py" -m numcheck report "$OUT/results.parquet" --out "$OUT/report.md"
 step triton_interp_vs_compiled "$py" bench/triton_interp_vs_compiled.py
+# The Triton corpus (liger-kernel, torchao) compiled, same adapters, cases and planted faults as
+# on the CPU interpreter; the libraries from the image or from a `pip install --target` folder
+# carried along and named by NUMCHECK_CORPUS_PATH (the GPU machine has no network).
+step triton_corpus_cuda env NUMCHECK_CORPUS_DEVICE=cuda \
+  PYTHONPATH="$PYTHONPATH${NUMCHECK_CORPUS_PATH:+:$NUMCHECK_CORPUS_PATH}" \
+  "$py" -m pytest -p numcheck.frontends.plugin tests/test_triton_corpus.py --numcheck-slow -q \
+  -rfEs -p no:cacheprovider
 step bench_cuda "$py" bench/bench_error_stats.py --device cuda
 step bench_cpu env OMP_NUM_THREADS=2 "$py" bench/bench_error_stats.py --device cpu
 step bench_telemetry_cuda "$py" bench/bench_telemetry_overhead.py --device cuda --steps 50

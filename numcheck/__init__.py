@@ -1,7 +1,7 @@
 """numcheck: numerical validation of training kernels and low-precision paths.
 
 Public names (docs/DESIGN.md, "Public contract"): ``round_to``, ``ulp_distance``,
-``error_stats`` / ``ErrorStats``, ``verify`` / ``Verification``, ``kernel``, ``op``,
+``error_stats`` / ``ErrorStats``, ``verify`` / ``Verification``, ``kernel``, ``op``, ``adapt``,
 ``fingerprint`` / ``Fingerprint``, ``telemetry`` (the module: ``nc.telemetry.watch``), the format
 table ``FORMATS`` and the exception tree (``NumcheckError``, ``UsageError``).
 
@@ -17,7 +17,7 @@ from numcheck.errors import NumcheckError, UsageError
 from numcheck.measure.errorstats import ErrorStats
 from numcheck.version import __version__
 
-__all__ = ["FORMATS", "ErrorStats", "Format", "NumcheckError", "Policy", "UsageError",
+__all__ = ["FORMATS", "ErrorStats", "adapt", "Format", "NumcheckError", "Policy", "UsageError",
            "Verification", "error_stats", "fingerprint", "kernel", "op", "round_to", "telemetry",
            "ulp_distance", "verify", "__version__"]
 
@@ -26,6 +26,8 @@ def __getattr__(name: str) -> Any:
     # Explicit imports, not a name -> module table: the import-graph test sees every edge.
     if name in ("kernel", "op"):
         from numcheck import catalog as home
+    elif name == "adapt":
+        from numcheck.kernels import adapt as home
     elif name in ("FORMATS", "Format", "round_to", "ulp_distance"):
         from numcheck import formats as home
     elif name == "Policy":

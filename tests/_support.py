@@ -130,14 +130,17 @@ def intel_amx(isa: dict) -> bool:
     return isa["vendor"] == "GenuineIntel" and bool(isa["amx_tile"])
 
 
-def run_interpreted(script: str, timeout: float = 300) -> dict:
+def run_interpreted(script: str, timeout: float = 300, interpret: bool = True) -> dict:
     """The JSON line ``script`` prints, run with TRITON_INTERPRET=1 in a fresh interpreter
     (the variable must be set before triton is imported and must not leak into the test
-    process); skipped without triton or on another version than the one measured (3.9)."""
+    process); skipped without triton or on another version than the one measured (3.9).
+    interpret=False: compiled (a GPU run), the variable removed."""
     triton = pytest.importorskip("triton")
-    if not triton.__version__.startswith("3.9."):
+    if interpret and not triton.__version__.startswith("3.9."):
         pytest.skip(f"measured on triton 3.9.0; this is {triton.__version__}")
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     res = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
-                         timeout=timeout, env={**os.environ, "TRITON_INTERPRET": "1"})
+                         timeout=timeout,
+                         env={**env, "TRITON_INTERPRET": "1"} if interpret else env)
     assert res.returncode == 0, res.stderr[-3000:]
     return json.loads(res.stdout.strip().splitlines()[-1])

@@ -179,6 +179,12 @@ def get(fmt: str | Format | torch.dtype) -> Format:
     return FORMATS[name]
 
 
+def widen(t: torch.Tensor) -> torch.Tensor:
+    """``t`` in the precision fused kernels compute half-precision inputs in: bf16/fp16 as fp32,
+    other dtypes as they are (the careful baselines, DESIGN rule 4)."""
+    return t.float() if t.dtype in (torch.bfloat16, torch.float16) else t
+
+
 def pow2(k: torch.Tensor) -> torch.Tensor:
     """2.0**k as float64, exact, built from the bits; k (int64) must lie in [-1022, 1023]."""
     return ((k + 1023) << 52).view(torch.float64)

@@ -198,6 +198,31 @@ def test_planted_faults_are_caught_where_expected():
     assert not any("4x128-" in c and "-last" in c for c in failed)
 
 
+def _ce_backward_rounding_softmax_first(grad_out, logits, target):
+    """softmax rounded to the logits' dtype, then "- 1" at the target (issue 31: a fused kernel's
+    early rounding; in bf16 p_t > 1 - 2^-9 rounds to 1 and the target's gradient becomes 0)."""
+    t = target.to(logits.device).view(-1, 1)
+    p = torch.softmax(logits.float(), -1).to(logits.dtype)
+    d = p.scatter(-1, t, p.gather(-1, t) - 1)
+    return ((d.float() * (grad_out.float() / logits.shape[0])).to(logits.dtype),)
+
+
+def test_an_early_rounded_target_gradient_is_caught():
+    """The baseline computes its softmax in fp32 and rounds once (DESIGN rule 4): a kernel that
+    rounds the softmax before subtracting 1 fails its gradient on confident (argmax-target)
+    rows in bf16 and fp16. With a baseline that rounded the same way (the first releases), it
+    passed: the baseline shared the loss."""
+    kern = Kernel("cross_entropy", "early_rounded_grad",
+                  lambda logits, target: F.cross_entropy(logits.float(), target.to(
+                      logits.device)).to(logits.dtype),
+                  backward=_ce_backward_rounding_softmax_first)
+    v = _verify("cross_entropy", kern)
+    hit = [r for r in v.failures if r.output == "grad_logits"]
+    assert hit and not v.passed, v.summary()
+    assert {r.dtype for r in hit} <= {"bf16", "fp16"} and any("argmax" in r.params for r in hit)
+    assert not [r for r in v.failures if r.output == "out"], v.summary()
+
+
 # ---- benign variants ------------------------------------------------------------------------
 
 def cross_entropy_fp32_loss(logits, target):

@@ -64,6 +64,12 @@ def rms_norm_of(Function, casting_mode="llama"):  # apply(X, W, eps, offset, cas
     return nc.adapt(Function, lambda x, weight, eps: (x, weight, eps, 0.0, casting_mode, False),
                     name="liger_rms_norm")
 
+def bf16_backward_sum(case, device, output):  # docs/findings.md, liger-kernel's softmax
+    if output == "grad_x" and case.dtype in ("bf16", "fp16"):
+        return "liger-kernel 0.8.5: softmax backward sums dy * y with tl.sum in the input dtype"
+    return None
+
+@nc.kernel("softmax", name="liger_softmax", known_failure=bf16_backward_sum)
 def softmax(x, dim=-1):  # the kernel reduces over the last dim: move dim there and back
     return LigerSoftmaxFunction.apply(x.transpose(dim, -1).contiguous()).transpose(dim, -1)
 
@@ -227,6 +233,16 @@ def test_liger_kernels_run_interpreted_and_pass(liger, op):
     got = liger[op]
     assert got["executed"] > 0 and not got["errors"], got
     assert got["passed"], got
+    if op != "softmax":
+        assert not got["known"], got
+
+
+def test_liger_softmax_backward_sums_in_bf16(liger):
+    """The softmax backward's sum(dy * y) is a tl.sum of bf16 products, which Triton keeps in
+    bf16: against the careful baseline (fp32 inside, DESIGN rule 4) its bf16 gradient fails
+    where the row sum matters; declared known in the adapter (docs/findings.md)."""
+    known = liger["softmax"]["known"]
+    assert known and all(c.startswith(("bf16", "fp16")) for c in known), known
 
 
 def test_norm_statistics_in_the_input_dtype_are_caught(liger):

@@ -104,10 +104,13 @@ def gelu_reference(x, approximate="none"):
     return x * (0.5 * torch.special.erfc(-x * _SQRT1_2))
 
 
+# DESIGN rule 4: the activations' baselines compute in fp32 from the stored inputs and round
+# once at the output, as torch's own half-precision activation kernels and fused kernels do.
 def gelu_baseline(x, approximate="none"):
+    xf = formats.widen(x)
     if approximate == "tanh":
-        return 0.5 * x * (1 + torch.tanh(_TANH_K * (x + _TANH_C * x * x * x)))
-    return 0.5 * x * (1 + torch.erf(x * _SQRT1_2))
+        return (0.5 * xf * (1 + torch.tanh(_TANH_K * (xf + _TANH_C * xf * xf * xf)))).to(x.dtype)
+    return (0.5 * xf * (1 + torch.erf(xf * _SQRT1_2))).to(x.dtype)
 
 
 def _gelu_scale(x, approximate="none"):
@@ -129,7 +132,8 @@ def silu_reference(x):
 
 
 def silu_baseline(x):
-    return x * torch.sigmoid(x)
+    xf = formats.widen(x)
+    return (xf * torch.sigmoid(xf)).to(x.dtype)
 
 
 def _silu_mag(x: torch.Tensor) -> torch.Tensor:
@@ -151,7 +155,8 @@ def swiglu_reference(a, b):
 
 
 def swiglu_baseline(a, b):
-    return a * torch.sigmoid(a) * b
+    af = formats.widen(a)  # the fused form: silu(a) * b in fp32, one rounding
+    return (af * torch.sigmoid(af) * b.to(af.dtype)).to(a.dtype)
 
 
 def _swiglu_scale(a, b):

@@ -67,7 +67,10 @@ def rope_reference(x, cos, sin):
 
 
 def rope_baseline(x, cos, sin):
-    return (x * cos + rotate_half(x) * sin).to(x.dtype)
+    """fp32 from the stored x, cos, sin, one rounding at the output (DESIGN rule 4: fused RoPE
+    kernels load the tables and rotate in fp32)."""
+    xf = formats.widen(x)
+    return (xf * cos.to(xf.dtype) + rotate_half(xf) * sin.to(xf.dtype)).to(x.dtype)
 
 
 def _rope_scale(x, cos, sin):

@@ -18,8 +18,11 @@ References (float64, primitives only): m = max over dim (a constant shift, detac
 does not depend on it), e = exp(x - m), softmax = e / sum e, log_softmax = (x - m) - log(sum e),
 cross_entropy = mean over rows of -log_softmax[row, target]; gradients by float64 autograd.
 
-Baselines: the same formulas with plain torch primitives in the compute dtype, with two choices
-made on purpose (each measured; see ``seq_sum`` and ``_SoftmaxBaseline``):
+Baselines: the same formulas with plain torch primitives, computed in fp32 from the stored
+inputs and rounded once at the op's outputs (DESIGN rule 4: where a fused kernel and torch's own
+half-precision kernels round; a softmax rounded before cross-entropy's "- 1" would hide the loss
+of the target's gradient), with two choices made on purpose (each measured; see ``seq_sum`` and
+``_SoftmaxBaseline``):
 * sums are left-to-right loops (fp32 accumulators for bf16/fp16), not torch.sum: torch.sum is
   cascaded and more accurate than any fused kernel's lane-wise accumulation, and reordered sums
   are benign (DESIGN rule 7), so the baseline takes the least accurate order;
@@ -30,8 +33,8 @@ made on purpose (each measured; see ``seq_sum`` and ``_SoftmaxBaseline``):
 Policy. Every kernel evaluates exp(fl(x - m)) in its working precision w, and fl(x - m) carries
 an error of u_w |x - m|, which exp turns into a relative error of |x - m| u_w: fp32 kernels are 30
 ULP off at |x - m| = 30 (measured on lognormal logits, torch and the naive baseline alike), bf16
-kernels that subtract in bf16 (the baseline) 30 bf16 ULP, while torch's bf16 softmax (fp32 inside)
-is correctly rounded. A ULP gate fixed across formats is therefore either useless for bf16 or
+kernels that subtract in bf16 30 bf16 ULP, while torch's bf16 softmax (fp32 inside, as the
+baseline) is correctly rounded. A ULP gate fixed across formats is therefore either useless for bf16 or
 wrong for fp32, so the bounds are componentwise with exp's condition number (DESIGN rule 5):
 
 * softmax: |err_i| <= c u p_i (1 + |x_i - m| + H), H = sum_j p_j |x_j - m| (the normalizer's
@@ -149,18 +152,25 @@ def seq_sum(t: torch.Tensor, dim: int) -> torch.Tensor:
     return s.unsqueeze(-1).movedim(-1, dim)
 
 
-def _naive_softmax(x, dim):
-    e = torch.exp(x - x.amax(dim, keepdim=True))
-    return (e / seq_sum(e, dim)).to(x.dtype)
+# DESIGN rule 4: the baselines compute in fp32 from the stored inputs and round where the op's
+# interface rounds (its outputs; the softmax output a backward reads), as fused kernels and
+# torch's own half-precision softmax do. A baseline that rounds the softmax before "- 1"
+# inherits the very loss of a cross-entropy gradient it should expose (issue 31).
+def _softmax32(x, dim):
+    xf = formats.widen(x)
+    e = torch.exp(xf - xf.amax(dim, keepdim=True))
+    return e / seq_sum(e, dim)
 
 
-def _naive_log_softmax(x, dim):
-    z = x - x.amax(dim, keepdim=True)
-    return (z - torch.log(seq_sum(torch.exp(z), dim))).to(x.dtype)
+def _log_softmax32(x, dim):
+    xf = formats.widen(x)
+    z = xf - xf.amax(dim, keepdim=True)
+    return z - torch.log(seq_sum(torch.exp(z), dim))
 
 
 class _SoftmaxBaseline(torch.autograd.Function):
-    """Naive forward; backward by the textbook formula y (g - sum(g y)) in the compute dtype.
+    """fp32 forward rounded once; backward by the textbook formula y (g - sum(g y)) from the
+    rounded output y (what a kernel saves), in fp32, rounded once.
 
     Autograd through the naive forward is, by luck of its structure, more accurate than that
     formula on near-one-hot rows (p = 1 - 2.6e-6: the formula's g - sum(g y) cancels to an absolute
@@ -170,7 +180,7 @@ class _SoftmaxBaseline(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, x, dim):
-        y = _naive_softmax(x, dim)
+        y = _softmax32(x, dim).to(x.dtype)
         ctx.save_for_backward(y)
         ctx.dim = dim
         return y
@@ -178,16 +188,18 @@ class _SoftmaxBaseline(torch.autograd.Function):
     @staticmethod
     def backward(ctx, g):
         (y,) = ctx.saved_tensors
-        return y * (g - seq_sum(g * y, ctx.dim)).to(y.dtype), None
+        yf, gf = formats.widen(y), formats.widen(g)
+        return (yf * (gf - seq_sum(gf * yf, ctx.dim))).to(y.dtype), None
 
 
 class _LogSoftmaxBaseline(torch.autograd.Function):
-    """Naive forward; backward by the textbook formula g - exp(y) sum(g) in the compute dtype
-    (exp of the saved output: a relative error u |y| for |y| >> 1, as in every fused kernel)."""
+    """fp32 forward rounded once; backward by the textbook formula g - exp(y) sum(g) in fp32
+    from the rounded output y (exp of the saved output: a relative error u |y| for |y| >> 1, as
+    in every fused kernel), rounded once."""
 
     @staticmethod
     def forward(ctx, x, dim):
-        y = _naive_log_softmax(x, dim)
+        y = _log_softmax32(x, dim).to(x.dtype)
         ctx.save_for_backward(y)
         ctx.dim = dim
         return y
@@ -195,7 +207,8 @@ class _LogSoftmaxBaseline(torch.autograd.Function):
     @staticmethod
     def backward(ctx, g):
         (y,) = ctx.saved_tensors
-        return (g - torch.exp(y) * seq_sum(g, ctx.dim)).to(y.dtype), None
+        gf = formats.widen(g)
+        return (gf - torch.exp(formats.widen(y)) * seq_sum(gf, ctx.dim)).to(y.dtype), None
 
 
 def softmax_baseline(x, dim=-1):
@@ -264,22 +277,24 @@ def cross_entropy_reference(logits, target):
 
 
 class _CrossEntropyBaseline(torch.autograd.Function):
-    """Naive forward (log_softmax, gather, mean); backward by the textbook formula
-    g (softmax(x) - onehot(target)) / N in the compute dtype."""
+    """Forward (log_softmax, gather, mean) in fp32, the loss rounded once; backward by the
+    textbook formula g (softmax(x) - onehot(target)) / N in fp32, rounded once: the softmax is
+    no output of the op, and rounding it to bf16 before "- 1" turns the target class's gradient
+    1 - p into 0 for p near 1 (the fused kernels' and torch's backward keep it)."""
 
     @staticmethod
     def forward(ctx, logits, target):
         t = target.to(logits.device).view(-1, 1)
         ctx.save_for_backward(logits, t)
-        picked = _naive_log_softmax(logits, -1).gather(-1, t)
+        picked = _log_softmax32(logits, -1).gather(-1, t)
         return (-seq_sum(picked, 0)[0, 0] / t.shape[0]).to(logits.dtype)
 
     @staticmethod
     def backward(ctx, g):
         logits, t = ctx.saved_tensors
-        d = _naive_softmax(logits, -1)
+        d = _softmax32(logits, -1)
         d = d.scatter(-1, t, d.gather(-1, t) - 1)
-        return d * (g / logits.shape[0]), None
+        return (d * (formats.widen(g) / logits.shape[0])).to(logits.dtype), None
 
 
 def cross_entropy_baseline(logits, target):

@@ -33,6 +33,17 @@ _ALL = (
         "weight/bias gradients are as accurate as the baseline. The reference (float64 "
         "autograd through the two-pass definition, gradcheck-ed) is right."),
     Finding(
+        "torch-cpu-layer-norm-half-grad-weight",
+        "torch CPU layer_norm backward: bf16/fp16 input rounds inside the weight gradient",
+        "With bf16 (or fp16) input, torch's CPU layer_norm backward computes the weight "
+        "gradient sum(dy * x_hat) over rows with half-precision roundings inside (mechanism "
+        "not identified: between rounding x_hat to bf16, 5.8e-3, and a bf16 accumulator, "
+        "2.3e-2). Measured (torch 2.13.0 CPU, bf16 x of 8x16x31 outlier channels, fp32 "
+        "weight, a row sum that cancels 33x): grad_weight relative L2 1.0e-2, where fp32 "
+        "intermediates give 1.8e-8 and torch's own fp32 path (x upcast) 3.1e-7. Seen by the "
+        "careful baseline (DESIGN rule 4), which the naive bf16 composition hid. Mixed "
+        "precision training with fp32 norm weights reads this gradient at ~1% accuracy."),
+    Finding(
         "torch-cpu-flash-backward-scale",
         "CPU flash SDPA backward: logits recomputed with another scale rounding",
         "torch's CPU flash attention backward recomputes P = exp(s - lse) with logits s that do "

@@ -142,10 +142,14 @@ def judge(policy: Policy, k: ErrorStats, b: ErrorStats | None, *, what: str = "o
             formats.get(compute).unit_roundoff if compute else 0.0)
     if k.nonfinite_mismatch:
         absolute(f"{what}: {k.nonfinite_mismatch} element(s) non-finite where the rounded "
-                 f"reference is not, or the reverse (NaN {k.n_nan}, inf {k.n_inf})")
+                 f"reference is not, or the reverse (the output holds {k.n_nan} NaN and "
+                 f"{k.n_inf} inf in all)")
     kk = policy.grad_baseline_k if grad else policy.baseline_k
     floor = (policy.grad_floor_u if grad else policy.floor_u) * u * max(1.0, cond)
-    if b is not None:
+    if b is not None and b.nonfinite_mismatch:  # its statistics cover the finite part only
+        v.notes.append(f"{what}: the baseline is non-finite where the rounded reference is not "
+                       f"({b.nonfinite_mismatch} element(s)): baseline rule not applied")
+    elif b is not None:
         if not k.rel_l2 <= kk * b.rel_l2 + floor:  # `not <=` so that NaN fails
             relative(f"{what}: rel_l2 {k.rel_l2:.3e} > {kk:g} x baseline {b.rel_l2:.3e} + "
                      f"floor {floor:.1e} (SQNR {k.sqnr_db:.1f} dB vs baseline {b.sqnr_db:.1f} dB)")

@@ -44,7 +44,9 @@ def kernel(op: str, name: str | None = None, **constraints) -> Callable:
     """Decorator: register ``fn`` as an implementation of ``op`` (``@nc.kernel("rms_norm")``).
 
     constraints: dtypes=("bf16",), devices=("cuda",), forward_only=True, backward=fn,
-    supports=lambda case, device: reason-or-None, compiled=True, known_failure=fn.
+    supports=lambda case, device: reason-or-None, compiled=True, known_failure=fn,
+    reaches=("aten::op[:fmt]", ...) (the ATen ops whose weaknesses known_failure documents:
+    other kernels of the op reaching them borrow it; ``numcheck.registry.Kernel``).
     """
     check_constraints(op, constraints)
 

@@ -265,7 +265,8 @@ OPS = (
         doc="swiglu(a, b) = silu(a) * b (gate a, up-projection b, same shape)"),
 )
 KERNELS = (
-    Kernel("gelu", "torch", _eager_gelu, known_failure=_torch_gelu_vectorized_erf),
+    Kernel("gelu", "torch", _eager_gelu, known_failure=_torch_gelu_vectorized_erf,
+           reaches=("aten::gelu:fp32",)),
     Kernel("silu", "torch", _eager_silu),
     Kernel("swiglu", "torch", _eager_swiglu),
     compiled_kernel("swiglu", _eager_swiglu),

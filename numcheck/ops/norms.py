@@ -275,9 +275,9 @@ KERNELS = (
     Kernel("rms_norm", "triton", _triton_rms_norm, backward=_triton_rms_norm_backward,
            supports=_triton_interp.supports),
     Kernel("layer_norm", "torch", _eager_layer_norm, supports=_cuda_ln_mixed_dtypes,
-        known_failure=_torch_ln_backward_cancels),
+        known_failure=_torch_ln_backward_cancels, reaches=("aten::native_layer_norm_backward",)),
     Kernel("adaln_modulate", "torch", _eager_adaln,
-        known_failure=_torch_ln_backward_cancels),
+        known_failure=_torch_ln_backward_cancels, reaches=("aten::native_layer_norm_backward",)),
     # weight: only the same-dtype weight (fp32 weights beside bf16 x would double the graphs).
     compiled_kernel("rms_norm", _eager_rms_norm, weight=("same",)),
     compiled_kernel("adaln_modulate", _eager_adaln, known_failure=_adaln_strided_rows),

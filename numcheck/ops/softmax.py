@@ -444,5 +444,6 @@ KERNELS = (
            supports=_triton_interp.supports),
     Kernel("log_softmax", "torch", _eager_log_softmax),
     Kernel("cross_entropy", "torch", _eager_cross_entropy,
-        known_failure=_torch_half_log_softmax_rounds_sum),
+        known_failure=_torch_half_log_softmax_rounds_sum,
+        reaches=("aten::_log_softmax:bf16", "aten::_log_softmax:fp16")),
 )

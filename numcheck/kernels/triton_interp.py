@@ -281,9 +281,18 @@ def available() -> str | None:
     return None
 
 
+# Interpreted, numcheck's row kernels run one program per row in Python: a 32769-row size
+# class would take minutes on the CPU; compiled on a GPU it runs (bench/gpu_run.sh).
+INTERPRETED_MAX_ROWS = 4096
+
+
 def supports(case, device) -> str | None:
     """A Kernel ``supports`` for numcheck's Triton kernels: skip every case where triton is
-    missing."""
+    missing, and the size classes beyond INTERPRETED_MAX_ROWS rows on the CPU."""
+    rows = int(np.prod(case.shape[:-1])) if len(case.shape) > 1 else 1
+    if torch.device(device).type == "cpu" and rows > INTERPRETED_MAX_ROWS:
+        return (f"interpreted on the CPU: {rows} rows > {INTERPRETED_MAX_ROWS}, one program "
+                "each; run compiled on a GPU")
     return available()
 
 

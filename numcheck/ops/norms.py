@@ -172,6 +172,19 @@ def _rows(case: Case, shape: torch.Size):
 
 _FACTORS = {"dtype": ["fp32", "bf16", "fp16"], "shape": _SHAPES, "dist": _DISTS,
             "layout": ["contiguous", "transposed"]}
+
+# Size classes where real norm kernels switch algorithm (DESIGN rule 14; docs/grid-audit.md):
+# 32769 rows (> 32768 = 4096 * 8, where liger-kernel's RMSNorm moves to its multi-row block
+# kernels and the weight gradient of every row-parallel kernel becomes a cross-program sum; odd,
+# so no power-of-two split is exact), and hidden 8192 (one row past a 4096/5120 block).
+def _size_probes(**extra):
+    rows = {"dtype": "bf16", "shape": (32769, 64), "dist": "normal", "layout": "contiguous"}
+    hidden = {"dtype": "bf16", "shape": (4, 8192), "dist": "outlier_channels",
+              "layout": "contiguous"}
+    return [{**rows, **extra}], [{**hidden, **extra}]
+
+
+_RMS_SIZES, _RMS_FULL_SIZES = _size_probes(weight="same")
 _FULL = {"shape": [(64, 4096), (8, 16, 31)], "dist": ["uniform", "lognormal", "sparse"],
          "layout": ["sliced"]}
 
@@ -202,13 +215,13 @@ def _torch_ln_backward_cancels(case: Case, device: str, output: str) -> str | No
     """Findings (docs/findings.md): torch's layer_norm backward forms grad_x from sums of x
     itself (not of x - mean), which cancels when mean >> std: measured 10-21x the two-pass
     baseline's error at D=4096, fp32, large_mean rows on CPU; 4.2x at D=7 on CUDA (H200). On
-    the CPU its weight gradient of bf16/fp16 input carries half-precision roundings (1e-2
-    relative where fp32 intermediates give 2e-8 on a row sum that cancels 33x)."""
+    the CPU, with bf16/fp16 input, it sums the weight and bias gradients over rows in the
+    input dtype (grad_bias of 32769 bf16 rows: rel 0.15, an fp32 sum 1.3e-3)."""
     if output == "grad_x" and case.dist == "large_mean":
         return "torch-layer-norm-backward-large-mean"
-    if (output == "grad_weight" and case.dtype in ("bf16", "fp16")
+    if (output in ("grad_weight", "grad_bias") and case.dtype in ("bf16", "fp16")
             and torch.device(device).type == "cpu"):
-        return "torch-cpu-layer-norm-half-grad-weight"
+        return "torch-cpu-layer-norm-half-param-grads"
     return None
 
 
@@ -237,14 +250,14 @@ OPS = (
     OpSpec(
         "rms_norm", _rms_inputs, rms_norm_reference, rms_norm_baseline,
         make_grid("rms_norm", {**_FACTORS, "weight": ["same", "fp32"]}, extra_full=_FULL,
-                  keep=_keep),
+                  keep=_keep, probes=_RMS_SIZES, full_probes=_RMS_FULL_SIZES),
         Policy(), grad_args=("x", "weight"), blocks=_rows, out_dtypes=_out_dtypes,
         sum_len=_row_len,
         doc="rms_norm(x, weight, eps): x / sqrt(mean(x^2) + eps) * weight over the last dim"),
     OpSpec(
         "layer_norm", _ln_inputs, layer_norm_reference, layer_norm_baseline,
         make_grid("layer_norm", {**_FACTORS, "weight": ["same", "fp32"]}, extra_full=_FULL,
-                  keep=_keep),
+                  keep=_keep, probes=_RMS_SIZES, full_probes=_RMS_FULL_SIZES),
         _LN_POLICY, grad_args=("x", "weight", "bias"), blocks=_rows, scale=_ln_scale,
         reduction_len=_row_len, sum_len=_row_len,
         skip_grads=_zero_ref_grads,

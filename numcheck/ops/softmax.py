@@ -384,6 +384,11 @@ _CE_FACTORS = {"dtype": ["fp32", "bf16", "fp16"], "shape": [(8, 128), (3, 1025),
                         "constant_rows"],
                "target": ["random", "argmax"]}
 _CE_FULL = {"shape": [(4, 32000), (33, 7)], "dist": ["lognormal", "zero_blocks", "wide_range"]}
+# Size classes (DESIGN rule 14; docs/grid-audit.md): 32769 tokens (> 32768, the mean over rows
+# becomes a cross-program sum in row-parallel kernels; odd, no exact power-of-two split) and a
+# 128256-entry vocabulary (Llama 3's: chunked-vocabulary kernels split the row).
+_CE_SIZES = [{"dtype": "bf16", "shape": (32769, 16), "dist": "normal", "target": "random"}]
+_CE_FULL_SIZES = [{"dtype": "bf16", "shape": (2, 128256), "dist": "normal", "target": "random"}]
 
 # Componentwise bounds, all three ops (measured on torch's CPU kernels, quick and full grids):
 # c = 4: torch's fp32 softmax reaches 2.2 and log_softmax 1.9 on short rows, bf16/fp16 (fp32
@@ -426,7 +431,8 @@ OPS = (
         doc="log_softmax(x, dim=-1); dim is the case param 'last' (-1) or 'second_last' (-2)"),
     OpSpec(
         "cross_entropy", _ce_inputs, cross_entropy_reference, cross_entropy_baseline,
-        make_grid("cross_entropy", _CE_FACTORS, extra_full=_CE_FULL, keep=_ce_keep),
+        make_grid("cross_entropy", _CE_FACTORS, extra_full=_CE_FULL, keep=_ce_keep,
+                  probes=_CE_SIZES, full_probes=_CE_FULL_SIZES),
         _CE_POLICY, grad_args=("logits",), blocks=_blocks_ce, scale=_ce_scale,
         out_dtypes=_out_dtypes_ce, reduction_len=lambda case: case.shape[-1],
         # the row's sum of exponentials, then the mean over N rows

@@ -543,10 +543,6 @@ def _owner_records(spec: OpSpec, owner: Kernel, case: Case, device: str,
         return {}
 
 
-_FORMAT_OF = {torch.float64: "fp64", torch.float32: "fp32", torch.bfloat16: "bf16",
-              torch.float16: "fp16"}
-
-
 def _reached_ops(kern: Kernel, p: _Prepared) -> frozenset[str]:
     """The ATen ops a call of the kernel, forward and backward, dispatches: each schema name,
     alone and with the format of its first tensor argument ("aten::_log_softmax:bf16"); what
@@ -559,8 +555,9 @@ def _reached_ops(kern: Kernel, p: _Prepared) -> frozenset[str]:
         def __torch_dispatch__(self, func, types, args=(), kwargs=None):
             seen.add(func._schema.name)
             first = next((a for a in args if isinstance(a, torch.Tensor)), None)
-            if first is not None and first.dtype in _FORMAT_OF:  # "aten::gelu:bf16" too
-                seen.add(f"{func._schema.name}:{_FORMAT_OF[first.dtype]}")
+            if first is not None and first.is_floating_point():  # "aten::gelu:bf16" too
+                with contextlib.suppress(UsageError):  # a dtype numcheck has no format for
+                    seen.add(f"{func._schema.name}:{formats.get(first.dtype).name}")
             return func(*args, **(kwargs or {}))
 
     kin = _leaves(p.dev_in, p.grads)

@@ -138,6 +138,10 @@ def test_corrupt_golden_exit_2_untouched(project, flags):
     assert r.ret == pytest.ExitCode.USAGE_ERROR  # `numcheck run` maps it to exit 2
     r.stdout.fnmatch_lines([f"*{gold}*not a readable parquet file*git checkout*"])
     assert gold.read_bytes() == b"PAR1 this is not a parquet file"
+    # told in full once per process (and in the run's summary), not a traceback per case
+    out = r.stdout.str()
+    assert "Traceback" not in out and "GoldenError" not in out, out[-3000:]
+    assert out.count("not a readable parquet file") <= 2 + len(flags) * 2, out[-3000:]
 
 
 @pytest.mark.parametrize("point", ["parquet-written", "before-rename"])

@@ -146,14 +146,22 @@ class SuiteContext:
             r.case_set = r.case_set or self.case_set
             if r.status == Status.PENDING:
                 verdict.judge(r, _policy_of(r.op))
+        error = None
         if self.session is not None:
             try:
                 self.session.judge(records)
             except GoldenError as e:  # the controller sees it too and ends the run with exit 2
-                for r in records:
-                    r.golden, r.golden_reason = Golden.BAD_GOLDEN, str(e)
-                self.attach(records)
-                raise
+                error = str(e)
+        if error is not None:
+            import pytest
+
+            for r in records:
+                r.golden, r.golden_reason = Golden.BAD_GOLDEN, error
+            self.attach(records)
+            first, self.session.error_reported = not self.session.error_reported, True
+            # the file and the remedy once, not a traceback per case (issue 31)
+            pytest.fail(error if first else f"{error.partition(': ')[0]}: unusable golden file, "
+                        "reported above; the run ends with exit 2", pytrace=False)
         self.attach(records)
         return [r for r in records if failing(r, self.mode)]
 

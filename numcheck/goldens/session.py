@@ -77,6 +77,8 @@ class GoldenSession:
         self.base = Path(base_dir) if base_dir is not None else None
         self._shipped: dict[Path, golden.GoldenFile] = {}
         self.partial = partial  # -k, -m, a shard: rows no case of the run ran are not "unused"
+        # a bad golden file is told in full once per process; later cases cite it in a line
+        self.error_reported = False
         self.mode = mode
         self.allow_nonfinite = allow_nonfinite
         self.prune = prune

@@ -72,3 +72,17 @@ def test_unknown_mode_is_a_usage_error(tmp_path):
     from numcheck.errors import UsageError
     with pytest.raises(UsageError, match="golden mode"):
         GoldenSession(tmp_path, "update")
+
+
+def test_a_binding_golden_verdict_fails_the_record_and_says_so(tmp_path):
+    """issue 31: a record whose golden regressed showed status "passed" while it was in
+    Verification.failures, so a harness counting statuses undercounted. A verdict the mode makes
+    binding now sets status failed; one it does not (refresh, a new row in check) leaves it."""
+    _session(tmp_path, "refresh").finish([_record("a")], {})
+    for mode, rec, golden_verdict, status in [
+            ("check", _record("a", rel=5e-3), "regressed", "failed"),
+            ("refresh", _record("a", rel=5e-3), "regressed", "passed"),
+            ("strict", _record("b"), "missing", "failed"),
+            ("check", _record("b"), "new", "passed")]:
+        _session(tmp_path, mode).judge([rec])
+        assert (rec.golden, rec.status) == (golden_verdict, status), (mode, rec.golden_reason)

@@ -22,7 +22,7 @@ from pathlib import Path
 
 from numcheck.goldens import store as golden
 from numcheck.errors import UsageError
-from numcheck.records import MODES, Golden, Record, Status
+from numcheck.records import MODES, Golden, Record, Status, failing
 from numcheck.verdicts import families
 from numcheck.goldens.regression import Change, compare_row
 
@@ -133,6 +133,10 @@ class GoldenSession:
                                f"goldens fail; record them with --numcheck-refresh-new-only "
                                f"and commit)"]
             r.golden, r.golden_reason = Golden(ch.kind), "; ".join(ch.messages)
+            if failing(r, self.mode) and r.status in (Status.PASSED, Status.KNOWN):
+                # a binding golden verdict fails the record: its status says so, everywhere
+                # (Record, tables, summaries); the golden verdict says why (issue 31)
+                r.status = Status.FAILED
             changes.append(ch)
         return changes
 

@@ -12,6 +12,7 @@ import importlib
 from typing import Callable
 
 from numcheck.cases.grid import default_grid
+from numcheck.ops.derived import careful_baseline, default_inputs
 from numcheck.verdicts.policy import Policy
 from numcheck.registry import Kernel, OpSpec, Registry, check_constraints
 
@@ -56,17 +57,23 @@ def kernel(op: str, name: str | None = None, **constraints) -> Callable:
     return register
 
 
-def op(name: str, *, reference, inputs, baseline, policy: Policy | None = None, grid=None,
-       grad_args: tuple[str, ...] = (), blocks=None, scale=None, reduction_len=None,
+def op(name: str, *, reference, inputs=None, baseline=None, policy: Policy | None = None,
+       grid=None, grad_args: tuple[str, ...] = (), blocks=None, scale=None, reduction_len=None,
        skip_grads=None, out_dtypes=None, sum_len=None, cond_scale=None,
        doc: str = "") -> OpSpec:
     """Define a user op (a fused kernel that is no built-in op, e.g. norm + quantize).
 
-    reference: float64 function from primitives; inputs: case -> ({arg: (float64, dtype)},
-    kwargs); baseline: the naive composition in the compute dtype; grid: "quick"|"full" ->
-    cases (default: a small grid over bf16/fp32, normal/outlier inputs); the other fields as in
-    ``OpSpec``.
+    reference: a function of torch primitives, run in float64 (it gets float64 tensors).
+    inputs: case -> ({arg: (float64, dtype)}, kwargs); default: each parameter of
+    ``reference`` without a default is a tensor of the case's shape, dtype and distribution.
+    baseline: the careful same-precision implementation (DESIGN rule 4); default: the
+    reference itself run on the stored inputs widened to fp32 (``formats.widen``), its result
+    rounded once to the first input's dtype. grid: "quick"|"full" -> cases (default: fp32,
+    bf16 and fp16, two ragged shapes, normal and outlier inputs, contiguous and transposed
+    layouts). The other fields as in ``OpSpec``.
     """
+    inputs = inputs or default_inputs(reference)
+    baseline = baseline or careful_baseline(reference)
     return CATALOG.register_op(OpSpec(
         name=name, make_inputs=inputs, reference=reference, baseline=baseline,
         grid=grid or default_grid(name), policy=policy or Policy(), grad_args=tuple(grad_args),

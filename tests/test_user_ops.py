@@ -149,3 +149,26 @@ def test_numerics_state_is_pinned_and_restored(registry_snapshot):
         assert "threads=2" in v.records[0].numerics
     finally:
         numerics.apply(caller)
+
+
+def _softcap_reference(x, cap=30.0):
+    """Logit soft-capping (Gemma 2): cap * tanh(x / cap), written once in torch primitives."""
+    return cap * torch.tanh(x / cap)
+
+
+def test_an_op_from_a_reference_alone(registry_snapshot):
+    """issue 31: nc.op needs only the reference: inputs drawn per parameter, the careful
+    baseline (the reference in fp32 on the stored inputs, rounded once), a default grid with
+    every float dtype and both layouts. A fused fp32-inside kernel passes; one that evaluates
+    in bf16 fails (fp32 and fp16 cases at least: its bf16 roundings exceed their baselines)."""
+    nc.op("softcap", reference=_softcap_reference, grad_args=("x",))
+    cases = CATALOG.get_op("softcap").grid("quick")
+    assert {c.dtype for c in cases} == {"fp32", "bf16", "fp16"}
+    assert {c.param("layout") for c in cases} == {"contiguous", "transposed"}
+    fused = nc.verify("softcap", lambda x: (30.0 * torch.tanh(x.float() / 30.0)).to(x.dtype),
+                      device="cpu")
+    assert fused.passed and fused.executed == len(cases), fused.summary()
+    lossy = nc.verify("softcap", lambda x: (30.0 * torch.tanh(x.bfloat16() / 30.0)).to(x.dtype),
+                      device="cpu")
+    assert not lossy.passed
+    assert {"fp32", "fp16"} <= {r.dtype for r in lossy.failures}, lossy.summary()

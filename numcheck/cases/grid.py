@@ -121,7 +121,11 @@ def make_grid(op: str, factors: dict[str, list], *, extra_full: dict[str, list] 
 
 
 def default_grid(op: str) -> Grid:
-    """For user ops without a grid of their own: last-dim-ragged shapes, bf16 and fp32."""
-    return make_grid(op, {"dtype": ["bf16", "fp32"], "shape": [(4, 128), (3, 129)],
-                          "dist": ["normal", "outlier_channels"]},
-                     extra_full={"dist": ["student_t", "zero_blocks", "large_mean"]})
+    """For user ops without a grid of their own: every float dtype, an aligned and a ragged
+    last dim, contiguous and transposed layouts (issue 31: the first default had neither fp16
+    nor layouts)."""
+    return make_grid(op, {"dtype": ["bf16", "fp32", "fp16"], "shape": [(4, 128), (3, 129)],
+                          "dist": ["normal", "outlier_channels"],
+                          "layout": ["contiguous", "transposed"]},
+                     extra_full={"dist": ["student_t", "zero_blocks", "large_mean"],
+                                 "shape": [(2, 7, 1025)]})

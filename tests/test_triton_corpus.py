@@ -40,8 +40,7 @@ def mutant(module, *edits, ops=None):
     name = module + "_mutant"
     m = importlib.util.module_from_spec(importlib.util.spec_from_file_location(name, path))
     m.__package__ = module.rpartition(".")[0]
-    spec_of = m.__spec__
-    spec_of.loader.exec_module(m)
+    m.__spec__.loader.exec_module(m)
     return m
 
 def summary(v):

@@ -26,6 +26,7 @@ its interpreter has no such routine (another version: the findings' tests say wh
 from __future__ import annotations
 
 import inspect
+import math
 
 import numpy as np
 import torch
@@ -132,6 +133,10 @@ def _install_scalars(interpreter) -> None:
     interpreter._implicit_cvt = cvt
 
 
+def _erf(x):  # numpy has no erf: Python's float64 math.erf, element by element
+    return np.vectorize(math.erf, otypes=[np.float64])(x)
+
+
 # libdevice functions a kernel may call, as float64 numpy functions of their arguments: the
 # interpreter leaves triton.language.extra.libdevice unpatched (each call returns None). Each
 # result is numpy's float64 value (within an ulp) rounded once to the argument's format: for
@@ -152,7 +157,7 @@ _LIBDEVICE = {
     "sin": np.sin, "cos": np.cos, "tan": np.tan, "asin": np.arcsin, "acos": np.arccos,
     "atan": np.arctan, "atan2": np.arctan2, "sinh": np.sinh, "cosh": np.cosh,
     "asinh": np.arcsinh, "acosh": np.arccosh, "atanh": np.arctanh, "cbrt": np.cbrt,
-    "hypot": np.hypot, "fmod": np.fmod,
+    "hypot": np.hypot, "fmod": np.fmod, "erf": _erf,
 }
 
 # The finding id under which a kernel that needs what the interpreter cannot run is reported
@@ -164,14 +169,6 @@ def _limit(what: str, implemented: str) -> str:
     return (f"{what} is not implemented under Triton's CPU interpreter (numcheck's support "
             f"implements {implemented}): an environment limit [{LIBDEVICE_LIMIT}], not a "
             "kernel failure; run the kernel compiled on a GPU")
-
-
-def _erf(x):
-    import math
-    return np.vectorize(math.erf, otypes=[np.float64])(x)
-
-
-_LIBDEVICE["erf"] = _erf
 
 
 class _Globals:

@@ -47,7 +47,9 @@ def kernel(op: str, name: str | None = None, **constraints) -> Callable:
     constraints: dtypes=("bf16",), devices=("cuda",), forward_only=True, backward=fn,
     supports=lambda case, device: reason-or-None, compiled=True, known_failure=fn,
     reaches=("aten::op[:fmt]", ...) (the ATen ops whose weaknesses known_failure documents:
-    other kernels of the op reaching them borrow it; ``numcheck.registry.Kernel``).
+    other kernels of the op reaching them borrow it; ``numcheck.registry.Kernel``),
+    conventions={"masked_rows": "mean_v"} (the op's conventions it follows where it departs
+    from the op's defaults: ``OpSpec.conventions``, in the op's doc).
     """
     check_constraints(op, constraints)
 
@@ -59,7 +61,7 @@ def kernel(op: str, name: str | None = None, **constraints) -> Callable:
 
 def op(name: str, *, reference, inputs=None, baseline=None, policy: Policy | None = None,
        grid=None, grad_args: tuple[str, ...] = (), blocks=None, scale=None, reduction_len=None,
-       skip_grads=None, out_dtypes=None, sum_len=None, cond_scale=None,
+       skip_grads=None, out_dtypes=None, sum_len=None, cond_scale=None, conventions=(),
        doc: str = "") -> OpSpec:
     """Define a user op (a fused kernel that is no built-in op, e.g. norm + quantize).
 
@@ -78,4 +80,5 @@ def op(name: str, *, reference, inputs=None, baseline=None, policy: Policy | Non
         name=name, make_inputs=inputs, reference=reference, baseline=baseline,
         grid=grid or default_grid(name), policy=policy or Policy(), grad_args=tuple(grad_args),
         blocks=blocks, scale=scale, reduction_len=reduction_len, skip_grads=skip_grads,
-        out_dtypes=out_dtypes, sum_len=sum_len, cond_scale=cond_scale, doc=doc))
+        out_dtypes=out_dtypes, sum_len=sum_len, cond_scale=cond_scale,
+        conventions=tuple(conventions), doc=doc))

@@ -24,6 +24,24 @@ SUITES = ("ops", "quant", "user")  # the built-in suite an op runs in ("ops", "q
 
 
 @dataclass(frozen=True)
+class Convention:
+    """An answer an op leaves to convention (DESIGN rule 3): what a fully masked attention row
+    returns, say. The reference and the baseline take it as the keyword ``name``; a kernel
+    declares its choice (``nc.kernel(op, conventions={name: choice})``), else it is held to
+    the first choice, the op's default. A kernel that follows another choice than it declares
+    is told so by name (numcheck.run), not by an error statistic."""
+
+    name: str  # "masked_rows"
+    # (choice, what it means), the first the op's default: (("zero", "a zero row"), ...)
+    choices: tuple[tuple[str, str], ...]
+    applies: Callable[[Case], bool]  # does the case have what the convention decides?
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        return tuple(c for c, _ in self.choices)
+
+
+@dataclass(frozen=True)
 class OpSpec:
     """An op: the contract every kernel of it is checked against."""
 
@@ -51,6 +69,8 @@ class OpSpec:
     skip_grads: Callable[[Case], tuple[str, ...]] | None = None
     # Output dtypes a kernel may return (default: the case's compute dtype).
     out_dtypes: Callable[[Case], tuple[torch.dtype, ...]] | None = None
+    # What the op leaves to convention; reference and baseline take each as a keyword.
+    conventions: tuple[Convention, ...] = ()
     doc: str = ""
     suite: str = "user"  # set by the registry: "ops" | "quant" (built-in suites) | "user"
 
@@ -60,6 +80,24 @@ class OpSpec:
     def judged_grads(self, case: Case) -> tuple[str, ...]:
         skip = self.skip_grads(case) if self.skip_grads else ()
         return tuple(a for a in self.grad_args if a not in skip)
+
+    def conventions_of(self, kern: "Kernel") -> tuple[tuple[str, str], ...]:
+        """The kernel's choice of each convention of the op (its declaration, else the op's
+        default), as sorted (name, choice) pairs; an unknown name or choice is a usage error."""
+        declared = dict(kern.conventions)
+        known = {c.name: c for c in self.conventions}
+        for name, choice in declared.items():
+            if name not in known:
+                raise UsageError(
+                    f"kernel {kern.name!r} of {self.name}: conventions={{{name!r}: ...}}: "
+                    f"{self.name} has " + (f"the conventions {', '.join(sorted(known))}"
+                                           if known else "no conventions"))
+            if choice not in known[name].names:
+                raise UsageError(
+                    f"kernel {kern.name!r} of {self.name}: conventions={{{name!r}: "
+                    f"{choice!r}}}: choose one of {', '.join(known[name].names)}")
+        return tuple(sorted((c.name, declared.get(c.name, c.names[0]))
+                            for c in self.conventions))
 
 
 @dataclass(frozen=True)
@@ -83,6 +121,12 @@ class Kernel:
     # another kernel of the op whose call reaches one (a user's wrapper of the same torch call)
     # and errs no worse than this kernel there is judged by this known_failure too (rule 15).
     reaches: tuple[str, ...] = ()
+    # The op's conventions this kernel follows where it departs from the op's defaults
+    # ({"masked_rows": "mean_v"}: OpSpec.conventions).
+    conventions: tuple[tuple[str, str], ...] | dict[str, str] = ()
+
+    def __post_init__(self) -> None:  # a dict is accepted; kept as sorted pairs (hashable)
+        object.__setattr__(self, "conventions", tuple(sorted(dict(self.conventions).items())))
 
     def skip_reason(self, case: Case, device: str) -> str | None:
         dev = torch.device(device).type
@@ -97,7 +141,7 @@ class Kernel:
 
 
 KERNEL_CONSTRAINTS = ("dtypes", "devices", "forward_only", "backward", "supports", "compiled",
-                      "known_failure", "reaches")
+                      "known_failure", "reaches", "conventions")
 
 
 class Registry:
@@ -128,7 +172,7 @@ class Registry:
         return spec
 
     def register_kernel(self, k: Kernel) -> Kernel:
-        self.get_op(k.op)
+        self.get_op(k.op).conventions_of(k)  # an unknown convention fails at registration
         self._kernels[k.op][k.name] = k
         return k
 

@@ -167,10 +167,19 @@ class _Prepared:
     backward_kw: dict[str, Any]  # the part of dkw a separate backward takes
     grads: tuple[str, ...]  # tensor args whose gradients are judged
     skip: str | None = None  # why the kernel cannot run this case (a parameter it lacks)
+    # The op's conventions as the kernel follows them ((name, choice), ...): keywords of the
+    # reference and the baseline, never of the kernel (OpSpec.conventions).
+    conv: tuple[tuple[str, str], ...] = ()
     ref: torch.Tensor | None = None  # FP64 on the CPU, the same on every device
     g_exact: torch.Tensor | None = None  # the upstream gradient, float64 (backward cases)
     memo: dict = dataclasses.field(default_factory=dict)  # the case's shared work (CaseMemo)
     _spread: dict[str, torch.Tensor] | None = None
+
+    @property
+    def variant(self) -> tuple:
+        """What the reference and the baseline depend on beyond the case: the judged
+        gradients and the conventions (the key of their values in the case's memo)."""
+        return self.grads, self.conv
 
     def spread(self, spec: OpSpec, case: Case) -> dict[str, torch.Tensor]:
         """The condition-aware bound's D per output (numcheck.verdicts.conditioning), computed once,
@@ -181,7 +190,7 @@ class _Prepared:
                 g = x.pop(_GRAD_OUT, None)
                 leaves = _leaves(x, self.grads)
                 with torch.enable_grad():
-                    ref = spec.reference(**leaves, **self.kwargs)
+                    ref = spec.reference(**leaves, **self.kwargs, **dict(self.conv))
                     outs = {"out": ref.detach()}
                     if g is not None:
                         gs = torch.autograd.grad(ref, [leaves[n] for n in self.grads], g,
@@ -288,7 +297,8 @@ def _prepare(spec: OpSpec, kern: Kernel, case: Case, device: str,
     kernel_kw, skip = _taken(kern.fn, spec, dkw)
     backward_kw = _taken(kern.backward, spec, dkw)[0] if kern.backward is not None else {}
     return _Prepared(dev_in, exact, kwargs, dkw, kernel_kw, backward_kw, grads,
-                     skip=f"kernel {skip}" if skip else None, memo=memo)
+                     skip=f"kernel {skip}" if skip else None, conv=spec.conventions_of(kern),
+                     memo=memo)
 
 
 def _op_defaults(spec: OpSpec) -> dict[str, Any]:
@@ -331,14 +341,14 @@ def _leaves(tensors: dict[str, torch.Tensor], grads: tuple[str, ...]) -> dict[st
 def _reference(spec: OpSpec, p: _Prepared) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
     """The FP64 reference, with leaves for the judged gradients (its graph)."""
     ref_in = _leaves(p.exact, p.grads)
-    return ref_in, spec.reference(**ref_in, **p.kwargs)
+    return ref_in, spec.reference(**ref_in, **p.kwargs, **dict(p.conv))
 
 
 def _reference_grads(spec: OpSpec, p: _Prepared, g_exact: torch.Tensor) -> tuple:
     """The reference's gradients for the upstream gradient ``g_exact``. The first call uses the
     graph of ``p.ref``; a later one (another output dtype, so another upstream gradient)
     rebuilds it: the values are the same."""
-    key = ("ref_graph", p.grads)
+    key = ("ref_graph", p.variant)
     if p.memo.get(key) is None:  # the graph was used up by an earlier backward
         p.memo[key] = _reference(spec, p)
     ref_in, ref = p.memo[key]
@@ -350,7 +360,7 @@ def _baseline(spec: OpSpec, p: _Prepared, case: Case, g_dev: torch.Tensor | None
     """The baseline's output and its gradients for the upstream gradient g_dev (none when no
     gradient is judged), from fresh copies of the inputs."""
     bin_ = _leaves(_fresh(p.memo[("inputs",)][0], case.param("layout", "contiguous")), p.grads)
-    base = spec.baseline(**bin_, **_fresh_kw(p.dkw))
+    base = spec.baseline(**bin_, **_fresh_kw(p.dkw), **dict(p.conv))
     if not p.grads:
         return base, ()
     bg = torch.autograd.grad(base, [bin_[n] for n in p.grads], g_dev.to(base.dtype),
@@ -375,11 +385,10 @@ def _interpreter_quiet():
         yield
 
 
-def _execute(spec: OpSpec, kern: Kernel, case: Case, device: str, p: _Prepared) -> list[_Output]:
-    """Kernel, baseline and FP64 reference, forward and backward (the same upstream gradient,
-    rounded to the output dtype, for all three). Raises _KernelFailed. The baseline, the
-    reference's gradients and the upstream gradient come from the case's memo when an earlier
-    kernel with the same judged gradients and output dtype computed them."""
+def _execute(spec: OpSpec, kern: Kernel, case: Case, device: str,
+             p: _Prepared) -> tuple[torch.Tensor, tuple]:
+    """The kernel, forward and backward (the upstream gradient rounded to the output dtype, as
+    the baseline and the reference get it): its output and gradients. Raises _KernelFailed."""
     ref = p.ref
     kin = _leaves(p.dev_in, p.grads)
     try:
@@ -388,17 +397,11 @@ def _execute(spec: OpSpec, kern: Kernel, case: Case, device: str, p: _Prepared) 
     except Exception as e:
         raise _KernelFailed(f"kernel {kern.name} raised {type(e).__name__}: {e}",
                             traceback.format_exc(limit=-3)) from e
-    allowed = _out_dtypes(spec, case)
-    _check_output(out, ref, device, allowed, "out")
-    scale = _memo(p.memo, ("scale",),
-                  lambda: spec.scale(**p.exact, **p.kwargs) if spec.scale is not None else None)
+    _check_output(out, ref, device, _out_dtypes(spec, case), "out")
     if not p.grads:
-        key = ("baseline", p.grads, None)
-        base, _ = _memo(p.memo, key, lambda: _baseline(spec, p, case, None))
-        return [_Output("out", out, base, ref, allowed, scale, key)]
-    g_dev, g_exact = _memo(p.memo, ("grad_out", out.dtype),
-                           lambda: _upstream(case, tuple(ref.shape), out.dtype, device))
-    p.g_exact = g_exact
+        return out, ()
+    g_dev, _ = _memo(p.memo, ("grad_out", out.dtype),
+                     lambda: _upstream(case, tuple(ref.shape), out.dtype, device))
     g_dev = g_dev.clone()  # the kernel's copy
     try:
         with _interpreter_quiet():
@@ -415,10 +418,27 @@ def _execute(spec: OpSpec, kern: Kernel, case: Case, device: str, p: _Prepared) 
         n = len(kg) if isinstance(kg, (tuple, list)) else type(kg).__name__
         raise _KernelFailed(f"kernel {kern.name} backward returned {n} gradient(s), expected "
                             f"{len(p.grads)} ({', '.join(p.grads)})")
-    key = ("baseline", p.grads, out.dtype)
+    return out, tuple(kg)
+
+
+def _yardsticks(spec: OpSpec, case: Case, p: _Prepared, out: torch.Tensor,
+                kg: tuple) -> list[_Output]:
+    """The kernel's output and gradients beside the baseline's and the FP64 reference's (for
+    p's judged gradients and conventions: another convention is another call). The baseline,
+    the reference's gradients and the upstream gradient come from the case's memo when an
+    earlier kernel with the same judged gradients and output dtype computed them."""
+    ref, allowed = p.ref, _out_dtypes(spec, case)
+    scale = _memo(p.memo, ("scale",),
+                  lambda: spec.scale(**p.exact, **p.kwargs) if spec.scale is not None else None)
+    if not p.grads:
+        key = ("baseline", p.variant, None)
+        base, _ = _memo(p.memo, key, lambda: _baseline(spec, p, case, None))
+        return [_Output("out", out, base, ref, allowed, scale, key)]
+    g_exact = p.g_exact = p.memo[("grad_out", out.dtype)][1]
+    key = ("baseline", p.variant, out.dtype)
     base, bg = _memo(p.memo, key,
                      lambda: _baseline(spec, p, case, p.memo[("grad_out", out.dtype)][0]))
-    rg = _memo(p.memo, ("ref_grads", p.grads, out.dtype),
+    rg = _memo(p.memo, ("ref_grads", p.variant, out.dtype),
                lambda: _reference_grads(spec, p, g_exact))
     outs = [_Output("out", out, base, ref, allowed, scale, key)]
     for name, k, b, r in zip(p.grads, kg, bg, rg):
@@ -473,7 +493,7 @@ def _measure(spec: OpSpec, kern: Kernel, case: Case, device: str, o: _Output,
     if o.scale is not None:
         rec.bound_ratio = _bound_ratio(out, ref, o.scale, ks.fmt)
         rec.baseline_bound_ratio = bbound
-        rec.cond = _memo(p.memo, ("cond", o.name), lambda: _cond(ref, o.scale))
+        rec.cond = _memo(p.memo, ("cond", p.conv, o.name), lambda: _cond(ref, o.scale))
         rec.reduction_len = float(spec.reduction_len(case)) if spec.reduction_len else 0.0
     # Judged once. Is a failure a stable formulation the baseline or componentwise rule cannot
     # tell? The rules ask for the condition-aware bound where the record fails without it: the
@@ -537,8 +557,8 @@ def _owner_records(spec: OpSpec, owner: Kernel, case: Case, device: str,
         q.ref = p.ref
         base = _base_record(spec, owner, case, device)
         with numerics.pinned():
-            outs = _execute(spec, owner, case, device, q)
-        return {o.name: _measure(spec, owner, case, device, o, base, q) for o in outs}
+            outs = _yardsticks(spec, case, q, *_execute(spec, owner, case, device, q))
+        return {r.output: r for r in _judged(spec, owner, case, device, q, outs, base)}
     except Exception:  # noqa: BLE001 - no yardstick: nothing is borrowed
         return {}
 
@@ -592,8 +612,8 @@ def _baseline_measure(o: _Output, ref: torch.Tensor, dtype: torch.dtype, blocks)
 
 
 def _reference_forward(spec: OpSpec, p: _Prepared) -> torch.Tensor:
-    p.memo[("ref_graph", p.grads)] = _reference(spec, p)
-    return p.memo[("ref_graph", p.grads)][1]
+    p.memo[("ref_graph", p.variant)] = _reference(spec, p)
+    return p.memo[("ref_graph", p.variant)][1]
 
 
 def run_case(spec: OpSpec, kern: Kernel, case: Case, device: str, *,
@@ -611,29 +631,92 @@ def run_case(spec: OpSpec, kern: Kernel, case: Case, device: str, *,
         return [base.replace(status=Status.SKIPPED, reason=p.skip)]
     base.input_digest = p.memo[("inputs",)][3]
     try:
-        p.ref = _memo(p.memo, ("ref", p.grads), lambda: _reference_forward(spec, p))
+        p.ref = _memo(p.memo, ("ref", p.variant), lambda: _reference_forward(spec, p))
     except Exception as e:  # the op's own code failed: report it, keep the other cases
         return [base.replace(status=Status.ERROR,
                              reason=f"reference raised {type(e).__name__}: {e}")]
-    records: list[Record] = []
     with numerics.pinned() as state:
         base.numerics = state.describe()
         try:
-            outputs = _execute(spec, kern, case, device, p)
+            result = _execute(spec, kern, case, device, p)
         except _KernelFailed as e:
             known = environment.known_failure(e.reason)
             if known:  # the torch build or the machine, not the kernel: docs/findings.md
                 return [base.replace(status=Status.KNOWN, known=known, traceback=e.tb,
                                      reason=f"known environment failure {cite(known)}: {e.reason}")]
             return [base.replace(status=Status.ERROR, reason=e.reason, traceback=e.tb)]
+        outputs = _yardsticks(spec, case, p, *result)
+    records = _judged(spec, kern, case, device, p, outputs, base)
+    if spec.conventions and any(r.status == Status.FAILED for r in records):
+        records = _convention_followed(spec, kern, case, device, p, result, base, records)
+    if save_dir is not None and any(r.status != Status.PASSED for r in records):
+        _save_inputs(Path(save_dir), spec, kern, case, p.exact, p.kwargs, records)
+    return records
+
+
+def _judged(spec: OpSpec, kern: Kernel, case: Case, device: str, p: _Prepared,
+            outputs: list[_Output], base: Record) -> list[Record]:
+    records = []
     for o in outputs:
         try:
             records.append(_measure(spec, kern, case, device, o, base, p))
         except _KernelFailed as e:  # a gradient of the wrong shape, dtype or device
             records.append(base.replace(output=o.name, status=Status.ERROR, reason=e.reason))
-    if save_dir is not None and any(r.status != Status.PASSED for r in records):
-        _save_inputs(Path(save_dir), spec, kern, case, p.exact, p.kwargs, records)
     return records
+
+
+def _convention_followed(spec: OpSpec, kern: Kernel, case: Case, device: str, p: _Prepared,
+                         result: tuple[torch.Tensor, tuple], base: Record,
+                         records: list[Record]) -> list[Record]:
+    """DESIGN rule 3: where the case reaches a convention (a fully masked row), a failing
+    kernel may follow another choice of it than the one it is held to. The same results are
+    judged under each other choice; the one under which fewest records fail (fewer than now)
+    and no output errs more is the one the kernel follows: its records are reported, failing,
+    with the convention's name and the remedy, not as an error statistic."""
+    mine = dict(p.conv)
+    fits = []  # (records failing, choice, what it means, the records under it)
+    for conv in (c for c in spec.conventions if c.applies(case)):
+        for choice, meaning in conv.choices:
+            if choice == mine[conv.name]:
+                continue
+            alt = dataclasses.replace(p, conv=tuple(sorted({**mine, conv.name: choice}.items())),
+                                      ref=None, g_exact=None, _spread=None)
+            alt.ref = _memo(p.memo, ("ref", alt.variant), lambda: _reference_forward(spec, alt))
+            with numerics.pinned():  # the baseline under the state the first one ran in
+                outputs = _yardsticks(spec, case, alt, *result)
+            theirs = _judged(spec, kern, case, device, alt, outputs, base)
+            if all(_no_larger(a, b) for a, b in zip(theirs, records)):
+                fits.append((_failing(theirs), conv, choice, meaning, theirs))
+    fits = [f for f in fits if f[0] < _failing(records)]
+    if not fits:
+        return records
+    least = min(f[0] for f in fits)
+    (_, conv, choice, meaning, theirs), *same = [f for f in fits if f[0] == least]
+    held = "it declares" if conv.name in dict(kern.conventions) else "the op's default"
+    also = "".join(f" (or {f[2]!r}: the same on what this case judges)" for f in same)
+    told = (f"convention {conv.name}: the kernel follows {choice!r} ({meaning}){also}, not "
+            f"{mine[conv.name]!r} ({held}); if that is meant, declare it: "
+            f"nc.kernel({spec.name!r}, conventions={{{conv.name!r}: {choice!r}}})")
+    for r in theirs:
+        if r.status in (Status.PASSED, Status.FAILED, Status.KNOWN):
+            under = (f"under {choice!r} every rule passes" if r.status == Status.PASSED
+                     else f"under {choice!r}: {r.reason}")
+            r.status, r.known, r.reason = Status.FAILED, "", f"{told}; {under}"
+    return theirs
+
+
+def _failing(records: list[Record]) -> int:
+    return sum(r.status == Status.FAILED for r in records)
+
+
+def _no_larger(a: Record, b: Record) -> bool:
+    """a (under another convention) passes, or errs no more than b."""
+    if a.status == Status.PASSED:
+        return True
+    if a.kernel_stats is None or b.kernel_stats is None:
+        return False
+    mine, theirs = a.kernel_stats.rel_l2, b.kernel_stats.rel_l2
+    return a.output == b.output and (math.isnan(theirs) or mine <= theirs)
 
 
 def _save_inputs(root: Path, spec, kern, case, exact, kwargs, records) -> None:

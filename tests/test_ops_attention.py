@@ -308,7 +308,8 @@ def _explicit(q, k, v, attn_mask=None, is_causal=False, scale=None, *, fill=-mat
 
 def mask_leaks_on_empty_rows(q, k, v, attn_mask=None, is_causal=False, scale=None):
     """Masks with finfo.min instead of -inf and never zeroes empty rows (the classic additive
-    mask): a fully masked row gets the mean of V instead of 0."""
+    mask): a fully masked row gets the mean of V instead of 0, another convention than the one
+    it is held to (it declares none), told by its name (tests/test_conventions.py)."""
     return _explicit(q, k, v, attn_mask, is_causal, scale, fill=torch.finfo(q.dtype).min,
                      zero_empty=False)
 
@@ -353,7 +354,8 @@ def _large_logits(c):
 
 
 @pytest.mark.parametrize("fault, expect, where, exact", [
-    (mask_leaks_on_empty_rows, "worst block", _empty_rows, True),
+    (mask_leaks_on_empty_rows, "convention masked_rows: the kernel follows 'mean_v",
+     _empty_rows, True),
     (softmax_without_max_subtraction, "non-finite", _large_logits, False),
     (causal_mask_off_by_one, "rel_l2|worst block|non-finite", _causal, True),
     (gqa_wrong_kv_head, "rel_l2", _grouped, True),

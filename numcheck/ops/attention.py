@@ -29,10 +29,15 @@ controlled size.) ``large_logits`` (this file's own): q, k normal, then both sca
 largest |QK^T * scale| of the case is LOGIT_MAX = 100, beyond exp's range in fp16 (11.1) and in
 bf16/fp32 (88.7): a softmax that skips the max subtraction overflows in every dtype.
 
-Fully masked rows: the convention is a zero output row (as torch's math, CPU flash and flex
-attention): ``softmax`` over an empty set is defined as all zeros, so the row gets no value and
-its gradients are 0. The reference implements it with ``where`` before the exp, so it stays
-finite and differentiable there (gradcheck'd).
+Fully masked rows (DESIGN rule 3): the op's default convention is a zero output row (as torch's
+math, CPU flash and flex attention): ``softmax`` over an empty set is defined as all zeros, so
+the row gets no value and its gradients are 0. The reference implements it with ``where`` before
+the exp, so it stays finite and differentiable there (gradcheck'd). Model libraries that mask
+with ``finfo.min`` return the mean of V there (every logit of the row lands on finfo.min: a
+uniform softmax): a kernel declares ``conventions={"masked_rows": "mean_v"}`` (or
+``mean_v_filled``, ``nan``; MASKED_ROWS) and is compared under it, reference and baseline alike;
+one that follows another choice than it declares fails with the convention's name
+(numcheck.run._convention_followed), not with an error statistic.
 
 Reference: float64, ``softmax(QK^T * scale + mask) V`` from primitives: matmul, max subtraction,
 exp, sum, division; GQA by ``repeat_interleave`` of k/v heads; backward by float64 autograd.
@@ -79,7 +84,7 @@ from numcheck.cases import inputs
 from numcheck.cases.grid import Case, Row, make_grid
 from numcheck.kernels.compiled import compiled_kernel
 from numcheck.verdicts.policy import Policy
-from numcheck.registry import Kernel, OpSpec
+from numcheck.registry import Convention, Kernel, OpSpec
 
 # Largest |logit| of a large_logits case: above ln(fp32 max) = 88.7, so exp without max
 # subtraction overflows in bf16/fp32 as well as fp16; attention logit growth in large models
@@ -219,8 +224,16 @@ def _scaled_logits(q, k, v, attn_mask, scale):
     return logits, v, _additive(attn_mask, logits)
 
 
-def sdpa_reference(q, k, v, attn_mask=None, is_causal=False, scale=None):
-    """float64 softmax(QK^T * scale + mask) V from primitives; fully masked rows give 0."""
+def _equal_logits(logits: torch.Tensor, masked_rows: str) -> torch.Tensor:
+    """The logits of a fully masked row under the mean_v conventions: all equal (0), so the
+    softmax is uniform; "mean_v" keeps their gradients (adding finfo.min to a logit moves
+    nothing in its derivative), "mean_v_filled" has none (masked_fill cuts them)."""
+    return logits - logits.detach() if masked_rows == "mean_v" else torch.zeros_like(logits)
+
+
+def sdpa_reference(q, k, v, attn_mask=None, is_causal=False, scale=None, masked_rows="zero"):
+    """float64 softmax(QK^T * scale + mask) V from primitives; fully masked rows as the
+    masked_rows convention says (MASKED_ROWS)."""
     logits, v, add = _scaled_logits(q, k, v, attn_mask, scale)
     s, skv = logits.shape[-2], logits.shape[-1]
     if add is not None:
@@ -230,6 +243,9 @@ def sdpa_reference(q, k, v, attn_mask=None, is_causal=False, scale=None):
         allowed = torch.ones((), dtype=torch.bool, device=q.device)
     allowed = allowed.expand(logits.shape)
     live = allowed.any(-1, keepdim=True)
+    if masked_rows.startswith("mean_v"):  # an empty row attends to every key, equally
+        logits = torch.where(live, logits, _equal_logits(logits, masked_rows))
+        allowed, live = allowed | ~live, torch.ones_like(live)
     # Max subtraction (exact in float64 and mathematically a no-op, hence detached); fully
     # masked rows take m = 0, and masked logits become -inf *before* the exp, so neither the
     # value nor the gradient sees an inf or NaN there.
@@ -237,11 +253,12 @@ def sdpa_reference(q, k, v, attn_mask=None, is_causal=False, scale=None):
     m = torch.where(live, m, 0.0).detach()
     e = torch.exp(torch.where(allowed, logits - m, -math.inf))
     denom = e.sum(-1, keepdim=True)
-    p = e / torch.where(live, denom, 1.0)  # an empty row: 0 / 1 = 0
+    # an empty row: 0 / 1 = 0, or 0 / 0 = NaN (the nan convention: softmax over all -inf)
+    p = e / (denom if masked_rows == "nan" else torch.where(live, denom, 1.0))
     return p @ v
 
 
-def sdpa_baseline(q, k, v, attn_mask=None, is_causal=False, scale=None):
+def sdpa_baseline(q, k, v, attn_mask=None, is_causal=False, scale=None, masked_rows="zero"):
     """The naive composition in the compute dtype: matmul, torch.softmax, matmul. Kept naive
     on purpose (DESIGN rule 4): it is what torch's math backend runs, and flash kernels round P
     to the compute dtype before P @ V as it does; its bf16 logits are rounded where a flash
@@ -254,11 +271,16 @@ def sdpa_baseline(q, k, v, attn_mask=None, is_causal=False, scale=None):
     allowed = _allowed(attn_mask, is_causal, s, skv, q.device)
     if allowed is None:
         return torch.softmax(logits, dim=-1) @ v
-    logits = logits.masked_fill(~allowed, -math.inf)
+    masked = logits.masked_fill(~allowed, -math.inf)
     live = allowed.expand(logits.shape).any(-1, keepdim=True)
-    # Empty rows: softmax of all -inf is NaN (and NaN gradients); give them zeros instead.
-    p = torch.softmax(torch.where(live, logits, 0.0), dim=-1)
-    return torch.where(live, p, 0.0) @ v
+    # Empty rows: softmax of all -inf is NaN (and NaN gradients): they get equal logits and
+    # then the convention's row (the uniform softmax itself for mean_v).
+    p = torch.softmax(torch.where(live, masked, _equal_logits(logits, masked_rows)), dim=-1)
+    if masked_rows == "zero":
+        p = torch.where(live, p, 0.0)
+    elif masked_rows == "nan":
+        p = torch.where(live, p, math.nan)
+    return p @ v
 
 
 # ---- kernels --------------------------------------------------------------------------------
@@ -592,6 +614,19 @@ def _compiled_sdpa_known(case: Case, device: str, output: str) -> str | None:
 
 # ---- declared ops and kernels (registered by numcheck.catalog) -------------------------
 
+# What a fully masked query row returns (DESIGN rule 3); a kernel declares its choice with
+# nc.kernel("sdpa", conventions={"masked_rows": ...}).
+MASKED_ROWS = Convention(
+    "masked_rows",
+    (("zero", "a zero row, zero gradients: softmax over no key is all zeros, as torch's math, "
+              "CPU flash and flex attention"),
+     ("mean_v", "the mean of V over all keys: every logit of the row plus finfo.min, equal "
+                "after rounding, so a uniform softmax whose gradients reach q and k"),
+     ("mean_v_filled", "the mean of V, the row's logits filled with finfo.min (masked_fill): "
+                       "no gradient reaches q or k from the row"),
+     ("nan", "NaN: softmax over all -inf; NaN reaches grad_v")),
+    applies=lambda case: case.param("mask") == "fully_masked_rows")
+
 OPS = (
     OpSpec(
         "sdpa", _sdpa_inputs, sdpa_reference, sdpa_baseline, sdpa_grid,
@@ -601,8 +636,10 @@ OPS = (
         grad_args=("q", "k", "v"), blocks=_rows, skip_grads=_unjudged_grads,
         # QK^T sums D terms, P V sums Skv (gamma_L of the condition-aware bound)
         sum_len=lambda case: case.shape[4] + case.shape[5],
+        conventions=(MASKED_ROWS,),
         doc="sdpa(q, k, v, attn_mask=None, is_causal=False, scale=None); Case.shape = "
-            "(B, H, Hkv, S, Skv, D), q (B, H, S, D), k/v (B, Hkv, Skv, D); fully masked rows -> 0"),
+            "(B, H, Hkv, S, Skv, D), q (B, H, S, D), k/v (B, Hkv, Skv, D); fully masked rows "
+            "-> 0 (conventions: masked_rows zero | mean_v | mean_v_filled | nan)"),
 )
 KERNELS = (
     Kernel("sdpa", "sdpa_math", _sdpa_under(SDPBackend.MATH),

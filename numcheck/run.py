@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import inspect
 import json
 import math
 import traceback
@@ -27,23 +26,20 @@ from typing import Any
 import torch
 
 from numcheck import formats
-from numcheck.verdicts import conditioning
+from numcheck.verdicts import conditioning, conventions
 from numcheck.measure import environment
 from numcheck.cases import inputs
-from numcheck.measure import numerics
+from numcheck.measure import elements, numerics
 from numcheck.verdicts import policy
 from numcheck.verdicts import judge as verdict
 from numcheck.cases.grid import Case
 from numcheck.catalog import kernels
 from numcheck.errors import UsageError
-from numcheck.kernels import triton_interp
+from numcheck.kernels import calls, triton_interp
 from numcheck.verdicts.findings import cite
 from numcheck.records import Record, Status
 from numcheck.registry import Kernel, OpSpec
 from numcheck.measure.stats import error_stats
-
-N_WORST = 5  # worst elements listed in a failing record
-
 
 def default_device() -> str:
     return "cuda" if torch.cuda.is_available() else "cpu"
@@ -92,50 +88,6 @@ def _base_record(spec: OpSpec, kern: Kernel, case: Case, device: str) -> Record:
 def _out_dtypes(spec: OpSpec, case: Case) -> tuple[torch.dtype, ...]:
     """Output dtypes a kernel may return for the case (default: its compute dtype)."""
     return tuple(spec.out_dtypes(case)) if spec.out_dtypes else (_torch_dtype(case.dtype),)
-
-
-def _worst_elements(out: torch.Tensor, ref: torch.Tensor, scale: torch.Tensor | None) -> str:
-    """The N_WORST elements by error (normalized by scale when the op has one)."""
-    o = out.detach().to("cpu", torch.float64)
-    r = ref.detach().to(torch.float64)
-    err = (o - r).abs()
-    err = torch.where(torch.isnan(o) != torch.isnan(r), math.inf, torch.nan_to_num(err, nan=0.0))
-    key = err / scale.clamp(min=1e-300) if scale is not None else err
-    flat = key.flatten()
-    k = min(N_WORST, flat.numel())
-    idx = torch.topk(torch.nan_to_num(flat, nan=math.inf), k).indices if k else []
-    parts = []
-    for i in idx:
-        pos = tuple(int(p) for p in torch.unravel_index(i, o.shape)) if o.dim() else ()
-        parts.append(f"{list(pos)}: out={o.flatten()[i].item():.6g} ref={r.flatten()[i].item():.6g}"
-                     f" err={err.flatten()[i].item():.3g}")
-    return "; ".join(parts)
-
-
-def ulp_histogram(out: torch.Tensor, ref: torch.Tensor, fmt: str) -> list[int]:
-    """Elements per |error| in ULPs of fmt (Record.ulp_hist): bucket 0 exact, bucket k
-    [2^(k-1), 2^k), over the elements where out and the rounded reference are both finite (the
-    ones ErrorStats compares)."""
-    o = out.detach().to("cpu", torch.float64)
-    r = formats.round_to(ref.detach().to("cpu", torch.float64), fmt, saturate=False)
-    both = torch.isfinite(o) & torch.isfinite(r)
-    ulps = formats.ulp_distance(o[both], r[both], fmt)
-    edges = torch.tensor([1 << k for k in range(63)])  # integer edges: exact at any distance
-    return torch.bincount(torch.bucketize(ulps, edges, right=True), minlength=1).tolist()
-
-
-def _bound_ratio(out: torch.Tensor, ref: torch.Tensor, scale: torch.Tensor, fmt: str) -> float:
-    """max |out - ref| / (u * scale) over the elements where both are finite (NaN: none)."""
-    u = formats.get(fmt).unit_roundoff
-    o = out.detach().to("cpu", torch.float64)
-    fin = torch.isfinite(o) & torch.isfinite(ref)
-    if not bool(fin.any()):
-        return math.nan
-    # An exact zero scale admits no error at all; 1e-300 keeps the ratio finite but huge.
-    ratio = (o - ref).abs() / (u * scale).clamp(min=1e-300)
-    # the ratios are >= 0 (or NaN): 0 where either is not finite leaves the maximum as it is,
-    # and costs half of selecting the finite elements first
-    return float(torch.where(fin, ratio, 0.0).max())
 
 
 def _check_output(out: Any, like: torch.Tensor, device: str, allowed: tuple[torch.dtype, ...],
@@ -205,6 +157,32 @@ class _Prepared:
                                                conditioning.compute_unit(case.dtype),
                                                seed=inputs.seed_for(case.id))
         return self._spread
+
+    def bound_spread(self, spec: OpSpec, case: Case, name: str) -> torch.Tensor | None:
+        """D of the output ``name`` with what the op's intermediate roundings add (cond_scale,
+        the result only); None where the reference gives no such output."""
+        d = self.spread(spec, case).get(name)
+        if d is not None and name == "out" and spec.cond_scale is not None:
+            d = d + conditioning.compute_unit(case.dtype) * spec.cond_scale(**self.exact,
+                                                                            **self.kwargs)
+        return d
+
+
+@dataclass
+class _Pooled:
+    """Several draws of a case judged as one (DESIGN rule 13): their outputs stacked along a
+    new first dim, so that each statistic is over all their elements."""
+
+    draws: list[_Prepared]
+    memo: dict  # the pooled statistics' share of the case's memo
+
+    @property
+    def conv(self) -> tuple[tuple[str, str], ...]:
+        return self.draws[0].conv
+
+    def bound_spread(self, spec: OpSpec, case: Case, name: str) -> torch.Tensor | None:
+        parts = [p.bound_spread(spec, case, name) for p in self.draws]
+        return None if any(d is None for d in parts) else torch.stack(parts)
 
 
 _GRAD_OUT = "\0grad_out"  # the upstream gradient among the perturbed inputs
@@ -294,43 +272,12 @@ def _prepare(spec: OpSpec, kern: Kernel, case: Case, device: str,
     exact = {name: e for name, (_, e) in cast.items()}
     dkw = _fresh_kw(dkw)
     grads = () if kern.forward_only else spec.judged_grads(case)
-    kernel_kw, skip = _taken(kern.fn, spec, dkw)
-    backward_kw = _taken(kern.backward, spec, dkw)[0] if kern.backward is not None else {}
+    kernel_kw, skip = calls.taken(kern.fn, spec.reference, dkw)
+    backward_kw = (calls.taken(kern.backward, spec.reference, dkw)[0]
+                   if kern.backward is not None else {})
     return _Prepared(dev_in, exact, kwargs, dkw, kernel_kw, backward_kw, grads,
                      skip=f"kernel {skip}" if skip else None, conv=spec.conventions_of(kern),
                      memo=memo)
-
-
-def _op_defaults(spec: OpSpec) -> dict[str, Any]:
-    """The op's parameter defaults, from its reference's signature (the op's signature)."""
-    try:
-        params = inspect.signature(spec.reference).parameters.values()
-    except (TypeError, ValueError):
-        return {}
-    return {p.name: p.default for p in params if p.default is not p.empty}
-
-
-def _taken(fn, spec: OpSpec, kw: dict[str, Any]) -> tuple[dict[str, Any], str | None]:
-    """The keyword arguments ``fn`` accepts (DESIGN, "Public contract"): a parameter it does
-    not take is left out when the case gives it the op's default, and makes the case skip
-    (the reason, second) when the case needs another value. Callables without a readable
-    signature, or with ``**kwargs``, get everything."""
-    try:
-        params = inspect.signature(fn).parameters
-    except (TypeError, ValueError):
-        return dict(kw), None
-    if any(p.kind == p.VAR_KEYWORD for p in params.values()):
-        return dict(kw), None
-    defaults = _op_defaults(spec)
-    out, missing = {}, []
-    for k, v in kw.items():
-        if k in params:
-            out[k] = v
-        elif not (k in defaults and not isinstance(v, torch.Tensor) and v == defaults[k]):
-            missing.append(f"{k}={v!r}" if not isinstance(v, torch.Tensor) else k)
-    name = getattr(fn, "__name__", "kernel")
-    return out, (f"{name} does not take {', '.join(missing)} (not the op's default)"
-                 if missing else None)
 
 
 def _leaves(tensors: dict[str, torch.Tensor], grads: tuple[str, ...]) -> dict[str, torch.Tensor]:
@@ -450,16 +397,14 @@ def _yardsticks(spec: OpSpec, case: Case, p: _Prepared, out: torch.Tensor,
     return outs
 
 
-def _cond_ratio(spec: OpSpec, case: Case, o: _Output, p: _Prepared, fmt: str,
+def _cond_ratio(spec: OpSpec, case: Case, o: _Output, p: "_Prepared | _Pooled", fmt: str,
                 blocks) -> float | None:
     """The output's error over its condition-aware bound (numcheck.verdicts.conditioning); None when
     the reference gives no such output (an unused gradient)."""
-    d = p.spread(spec, case).get(o.name)
+    d = p.bound_spread(spec, case, o.name)
     if d is None:
         return None
     u_c = conditioning.compute_unit(case.dtype)
-    if o.name == "out" and spec.cond_scale is not None:
-        d = d + u_c * spec.cond_scale(**p.exact, **p.kwargs)
     c = spec.policy.cond_c + (float(spec.sum_len(case)) if spec.sum_len else 0.0)
     worst = conditioning.ratio(o.kernel, o.ref, d, fmt, c, blocks, u_c)
     if o.scale is not None and spec.policy.bound_c is not None:
@@ -470,7 +415,7 @@ def _cond_ratio(spec: OpSpec, case: Case, o: _Output, p: _Prepared, fmt: str,
 
 
 def _measure(spec: OpSpec, kern: Kernel, case: Case, device: str, o: _Output,
-             base: Record, p: _Prepared) -> Record:
+             base: Record, p: "_Prepared | _Pooled") -> Record:
     """ErrorStats of kernel and baseline against the reference, and the verdict's inputs."""
     if o.name != "out":  # the output was checked where it was produced
         _check_output(o.kernel, o.ref, device, o.allowed, o.name)
@@ -491,9 +436,10 @@ def _measure(spec: OpSpec, kern: Kernel, case: Case, device: str, o: _Output,
     rec.gate_bias = policy.rounded_once(spec.policy, ks, conditioning.compute_unit(case.dtype),
                                         grad)
     if o.scale is not None:
-        rec.bound_ratio = _bound_ratio(out, ref, o.scale, ks.fmt)
+        rec.bound_ratio = elements.bound_ratio(out, ref, o.scale, ks.fmt)
         rec.baseline_bound_ratio = bbound
-        rec.cond = _memo(p.memo, ("cond", p.conv, o.name), lambda: _cond(ref, o.scale))
+        rec.cond = _memo(p.memo, ("cond", p.conv, o.name),
+                         lambda: elements.condition(ref, o.scale))
         rec.reduction_len = float(spec.reduction_len(case)) if spec.reduction_len else 0.0
     # Judged once. Is a failure a stable formulation the baseline or componentwise rule cannot
     # tell? The rules ask for the condition-aware bound where the record fails without it: the
@@ -501,10 +447,15 @@ def _measure(spec: OpSpec, kern: Kernel, case: Case, device: str, o: _Output,
     verdict.judge(rec, policy.RecordPolicy.of(
         spec.policy, lambda: _cond_ratio(spec, case, o, p, ks.fmt, blocks)))
     if rec.status == Status.FAILED and not rec.known:
-        _borrow_backend_finding(rec, spec, kern, case, device, p)
+        # the backend's own kernel, on the first draw, is the yardstick
+        _borrow_backend_finding(rec, spec, kern, case, device,
+                                p.draws[0] if isinstance(p, _Pooled) else p)
     if rec.status != Status.PASSED:
-        rec.worst_elements = _worst_elements(out, ref, o.scale)
-        rec.ulp_hist = ulp_histogram(out, ref, ks.fmt)
+        rec.worst_elements = elements.worst_elements(out, ref, o.scale)
+        if isinstance(p, _Pooled):
+            rec.worst_elements = f"[draw, *index] of {len(p.draws)} pooled draws: " + (
+                rec.worst_elements)
+        rec.ulp_hist = elements.ulp_histogram(out, ref, ks.fmt)
     return rec
 
 
@@ -518,7 +469,8 @@ def _borrow_backend_finding(rec: Record, spec: OpSpec, kern: Kernel, case: Case,
               if k.reaches and k.name != kern.name and k.known_failure is not None]
     if not owners:
         return
-    reached = _memo(p.memo, ("reached", kern.name), lambda: _reached_ops(kern, p))
+    reached = _memo(p.memo, ("reached", kern.name), lambda: calls.reached_ops(
+        kern, _leaves(p.dev_in, p.grads), p.grads, p.kernel_kw, p.backward_kw))
     for owner in owners:
         hit = sorted(set(owner.reaches) & reached)
         found = owner.known(case, device, rec.output) if hit else None
@@ -563,51 +515,11 @@ def _owner_records(spec: OpSpec, owner: Kernel, case: Case, device: str,
         return {}
 
 
-def _reached_ops(kern: Kernel, p: _Prepared) -> frozenset[str]:
-    """The ATen ops a call of the kernel, forward and backward, dispatches: each schema name,
-    alone and with the format of its first tensor argument ("aten::_log_softmax:bf16"); what
-    was seen until an error, if the kernel cannot run under a dispatch mode (compiled code)."""
-    from torch.utils._python_dispatch import TorchDispatchMode
-
-    seen: set[str] = set()
-
-    class _Reached(TorchDispatchMode):
-        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-            seen.add(func._schema.name)
-            first = next((a for a in args if isinstance(a, torch.Tensor)), None)
-            if first is not None and first.is_floating_point():  # "aten::gelu:bf16" too
-                with contextlib.suppress(UsageError):  # a dtype numcheck has no format for
-                    seen.add(f"{func._schema.name}:{formats.get(first.dtype).name}")
-            return func(*args, **(kwargs or {}))
-
-    kin = _leaves(p.dev_in, p.grads)
-    try:
-        with _Reached(), warnings.catch_warnings():
-            warnings.simplefilter("ignore")  # the kernel's warnings were seen in its real run
-            out = kern.fn(**kin, **p.kernel_kw)
-            g = torch.ones_like(out)  # any upstream gradient reaches the same ops
-            if p.grads and kern.backward is not None:
-                kern.backward(g, **{n: t.detach() for n, t in kin.items()}, **p.backward_kw)
-            elif p.grads and out.requires_grad:
-                torch.autograd.grad(out, [kin[n] for n in p.grads], g, allow_unused=True)
-    except Exception:  # noqa: BLE001 - what ran until then is what it reached
-        pass
-    return frozenset(seen)
-
-
-def _cond(ref: torch.Tensor, scale: torch.Tensor) -> float:
-    """||scale|| / ||ref|| over the elements where both are finite (Record.cond): the same for
-    every kernel of the case."""
-    fin = torch.isfinite(ref) & torch.isfinite(scale)
-    rn = float(ref[fin].norm())
-    return float(scale[fin].norm()) / rn if rn > 0 else 1.0
-
-
 def _baseline_measure(o: _Output, ref: torch.Tensor, dtype: torch.dtype, blocks):
     """The baseline in the kernel output's dtype, its ErrorStats and componentwise bound ratio."""
     bout = o.baseline.detach().to(dtype)
     bs = error_stats(bout, ref, blocks=blocks)
-    bbound = _bound_ratio(bout, ref, o.scale, bs.fmt) if o.scale is not None else math.nan
+    bbound = elements.bound_ratio(bout, ref, o.scale, bs.fmt) if o.scale is not None else math.nan
     return bout, bs, bbound
 
 
@@ -638,23 +550,84 @@ def run_case(spec: OpSpec, kern: Kernel, case: Case, device: str, *,
     with numerics.pinned() as state:
         base.numerics = state.describe()
         try:
-            result = _execute(spec, kern, case, device, p)
+            draws = [(p, _execute(spec, kern, case, device, p))]
+            for d in range(1, _draws_for(*draws[0])):
+                draws.append(_draw(spec, kern, case, device, p, d))
         except _KernelFailed as e:
             known = environment.known_failure(e.reason)
             if known:  # the torch build or the machine, not the kernel: docs/findings.md
                 return [base.replace(status=Status.KNOWN, known=known, traceback=e.tb,
                                      reason=f"known environment failure {cite(known)}: {e.reason}")]
             return [base.replace(status=Status.ERROR, reason=e.reason, traceback=e.tb)]
-        outputs = _yardsticks(spec, case, p, *result)
-    records = _judged(spec, kern, case, device, p, outputs, base)
+    if len(draws) > 1:  # the golden's digest covers every draw's inputs
+        base.input_digest = inputs.combined_digest([q.memo[("inputs",)][3] for q, _ in draws])
+    try:
+        records = _judge_draws(spec, kern, case, device, draws, base)
+    except _KernelFailed as e:  # a later draw's gradient of the wrong shape, dtype or device
+        return [base.replace(status=Status.ERROR, reason=e.reason)]
     if spec.conventions and any(r.status == Status.FAILED for r in records):
-        records = _convention_followed(spec, kern, case, device, p, result, base, records)
+        records = conventions.followed(
+            spec, kern, case, p.conv, records, lambda conv: _judge_draws(
+                spec, kern, case, device, [(_under(spec, q, conv), r) for q, r in draws], base))
     if save_dir is not None and any(r.status != Status.PASSED for r in records):
         _save_inputs(Path(save_dir), spec, kern, case, p.exact, p.kwargs, records)
     return records
 
 
-def _judged(spec: OpSpec, kern: Kernel, case: Case, device: str, p: _Prepared,
+# DESIGN rule 13: the golden's sampling slack of an RMS over n elements is Z / sqrt(2n) of it
+# (goldens.regression: Z = 8), +-50% at n = 128, where a lost half bit (+41%) hides. Outputs
+# under POOL_ELEMENTS are judged over several draws of the case's inputs pooled: 2048 elements
+# put the slack at 12.5%, below a quarter bit (+19%).
+POOL_ELEMENTS = 2048
+POOL_MAX_DRAWS = 16  # 128-element gradients (norm weights of D = 128) reach 2048
+# Pooling stops where the draws would cost: the largest output over all draws stays below
+# 2^18 elements (a quick norm case of 4 x 128 pools 16 draws of 512; a 32769 x 64 one none).
+POOL_BUDGET = 1 << 18
+# A draw's seed: the case's plus this stride times the draw (grid seeds are small: 0..4).
+_DRAW_SEED = 1000
+
+
+def _draws_for(p: _Prepared, result: tuple[torch.Tensor, tuple]) -> int:
+    """How many draws the case pools: enough for its smallest judged output to reach
+    POOL_ELEMENTS, within POOL_MAX_DRAWS and POOL_BUDGET (1: none)."""
+    out, kg = result
+    sizes = [out.numel()] + [(g if g is not None else p.dev_in[n]).numel()
+                             for n, g in zip(p.grads, kg)]
+    want = min(POOL_MAX_DRAWS, -(-POOL_ELEMENTS // max(1, min(sizes))))
+    return max(1, min(want, POOL_BUDGET // max(1, max(sizes))))
+
+
+def _draw(spec: OpSpec, kern: Kernel, case: Case, device: str, p: _Prepared,
+          d: int) -> tuple[_Prepared, tuple[torch.Tensor, tuple]]:
+    """Draw ``d`` of the case: its inputs from another seed, the reference and the kernel."""
+    drawn = dataclasses.replace(case, seed=case.seed + _DRAW_SEED * d)
+    q = _prepare(spec, kern, drawn, device, p.memo.setdefault(("draw", d), {}))
+    q.ref = _memo(q.memo, ("ref", q.variant), lambda: _reference_forward(spec, q))
+    return q, _execute(spec, kern, drawn, device, q)  # its own upstream gradient too
+
+
+def _judge_draws(spec: OpSpec, kern: Kernel, case: Case, device: str,
+                 draws: list[tuple[_Prepared, tuple]], base: Record) -> list[Record]:
+    """The case's records: its one draw, or its draws pooled (each output stacked)."""
+    with numerics.pinned():  # the baseline under the state the kernel ran in
+        per = [_yardsticks(spec, case, q, *result) for q, result in draws]
+    if len(per) == 1:
+        return _judged(spec, kern, case, device, draws[0][0], per[0], base)
+    for outs in per[1:]:  # the first draw's are checked where they are measured
+        for o in outs:
+            _check_output(o.kernel, o.ref, device, o.allowed, o.name)
+    p0 = draws[0][0]
+    pooled = _Pooled([q for q, _ in draws], p0.memo.setdefault(("pool", len(draws)), {}))
+    stacked = [dataclasses.replace(
+        first, kernel=torch.stack([o[i].kernel.detach() for o in per]),
+        baseline=torch.stack([o[i].baseline.detach() for o in per]),
+        ref=torch.stack([o[i].ref.detach() for o in per]),
+        scale=None if first.scale is None else torch.stack([o[i].scale for o in per]))
+        for i, first in enumerate(per[0])]
+    return _judged(spec, kern, case, device, pooled, stacked, base)
+
+
+def _judged(spec: OpSpec, kern: Kernel, case: Case, device: str, p: "_Prepared | _Pooled",
             outputs: list[_Output], base: Record) -> list[Record]:
     records = []
     for o in outputs:
@@ -665,58 +638,11 @@ def _judged(spec: OpSpec, kern: Kernel, case: Case, device: str, p: _Prepared,
     return records
 
 
-def _convention_followed(spec: OpSpec, kern: Kernel, case: Case, device: str, p: _Prepared,
-                         result: tuple[torch.Tensor, tuple], base: Record,
-                         records: list[Record]) -> list[Record]:
-    """DESIGN rule 3: where the case reaches a convention (a fully masked row), a failing
-    kernel may follow another choice of it than the one it is held to. The same results are
-    judged under each other choice; the one under which fewest records fail (fewer than now)
-    and no output errs more is the one the kernel follows: its records are reported, failing,
-    with the convention's name and the remedy, not as an error statistic."""
-    mine = dict(p.conv)
-    fits = []  # (records failing, choice, what it means, the records under it)
-    for conv in (c for c in spec.conventions if c.applies(case)):
-        for choice, meaning in conv.choices:
-            if choice == mine[conv.name]:
-                continue
-            alt = dataclasses.replace(p, conv=tuple(sorted({**mine, conv.name: choice}.items())),
-                                      ref=None, g_exact=None, _spread=None)
-            alt.ref = _memo(p.memo, ("ref", alt.variant), lambda: _reference_forward(spec, alt))
-            with numerics.pinned():  # the baseline under the state the first one ran in
-                outputs = _yardsticks(spec, case, alt, *result)
-            theirs = _judged(spec, kern, case, device, alt, outputs, base)
-            if all(_no_larger(a, b) for a, b in zip(theirs, records)):
-                fits.append((_failing(theirs), conv, choice, meaning, theirs))
-    fits = [f for f in fits if f[0] < _failing(records)]
-    if not fits:
-        return records
-    least = min(f[0] for f in fits)
-    (_, conv, choice, meaning, theirs), *same = [f for f in fits if f[0] == least]
-    held = "it declares" if conv.name in dict(kern.conventions) else "the op's default"
-    also = "".join(f" (or {f[2]!r}: the same on what this case judges)" for f in same)
-    told = (f"convention {conv.name}: the kernel follows {choice!r} ({meaning}){also}, not "
-            f"{mine[conv.name]!r} ({held}); if that is meant, declare it: "
-            f"nc.kernel({spec.name!r}, conventions={{{conv.name!r}: {choice!r}}})")
-    for r in theirs:
-        if r.status in (Status.PASSED, Status.FAILED, Status.KNOWN):
-            under = (f"under {choice!r} every rule passes" if r.status == Status.PASSED
-                     else f"under {choice!r}: {r.reason}")
-            r.status, r.known, r.reason = Status.FAILED, "", f"{told}; {under}"
-    return theirs
-
-
-def _failing(records: list[Record]) -> int:
-    return sum(r.status == Status.FAILED for r in records)
-
-
-def _no_larger(a: Record, b: Record) -> bool:
-    """a (under another convention) passes, or errs no more than b."""
-    if a.status == Status.PASSED:
-        return True
-    if a.kernel_stats is None or b.kernel_stats is None:
-        return False
-    mine, theirs = a.kernel_stats.rel_l2, b.kernel_stats.rel_l2
-    return a.output == b.output and (math.isnan(theirs) or mine <= theirs)
+def _under(spec: OpSpec, p: _Prepared, conv: tuple[tuple[str, str], ...]) -> _Prepared:
+    """p's draw with the reference and the baseline under other conventions."""
+    alt = dataclasses.replace(p, conv=conv, ref=None, g_exact=None, _spread=None)
+    alt.ref = _memo(p.memo, ("ref", alt.variant), lambda: _reference_forward(spec, alt))
+    return alt
 
 
 def _save_inputs(root: Path, spec, kern, case, exact, kwargs, records) -> None:

@@ -77,12 +77,18 @@ def test_a_lost_fraction_of_a_bit_regresses(golden_dir, op, fn):
         if r.golden == "regressed":
             regressed.append(r)
         # what docs/goldens.md claims: half a bit lost (x 1.41) on >= 190 elements, with the
-        # kernel's error within 4x of the baseline's, is caught
-        if grew >= 2 ** 0.5 and r.kernel_stats.n >= 190 and yard < 4:
+        # kernel's error within 4x of the baseline's, is caught; and a quarter bit (x 1.19) on
+        # the >= 2048 elements small outputs are pooled to (Z / sqrt(2n) = 0.125), with the
+        # yardstick within 1.5x (S_E x 1.5 = 0.15)
+        if (grew >= 2 ** 0.5 and r.kernel_stats.n >= 190 and yard < 4
+                or grew >= 2 ** 0.25 and r.kernel_stats.n >= 2048 and yard < 1.5):
             claimed.append((r, grew))
     assert claimed, "the planted loss never reached half a bit: the test proves nothing"
     missed = [(r.case_id, round(grew, 2), r.golden_reason) for r, grew in claimed
               if r.golden != "regressed"]
     assert not missed, missed
+    # by an error metric (the signed bias too: a reciprocal rounded in the dtype shifts every
+    # element of a constant row the same way), never by a status or changed inputs
     assert all("rel_l2" in r.golden_reason or "worst block" in r.golden_reason
-               for r in regressed)
+               or "mean ULP" in r.golden_reason for r in regressed), [
+        r.golden_reason for r in regressed]

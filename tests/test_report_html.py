@@ -1,6 +1,6 @@
 """The HTML report (numcheck.report.html): sections present exactly when their data is, no
 external resource, escaping, heatmap values, error histograms and repro lines; and the error
-histogram failing records carry (numcheck.run.ulp_histogram, Record.ulp_hist). The telemetry
+histogram failing records carry (numcheck.measure.elements.ulp_histogram, Record.ulp_hist). The telemetry
 page (telemetry_html): its heatmap cells are the frame's values, escaped, self-contained."""
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ from numcheck.measure.errorstats import ErrorStats
 from numcheck.records import Golden, Record, Status
 from numcheck.report.html import FULL_FAILURES, REASON_CHARS, html_report
 from numcheck.telemetry.telemetry_html import MAX_STEPS, telemetry_html
-from numcheck.run import ulp_histogram
+from numcheck.measure.elements import ulp_histogram
 from numcheck.verification import verify
 
 EVIL = "<script>alert(1)</script>"

@@ -417,3 +417,8 @@ def input_digest(exact: dict[str, torch.Tensor], kwargs: dict[str, Any]) -> str:
         else:
             h.update(f"{name}={v!r}".encode())
     return h.hexdigest()[:16]
+
+
+def combined_digest(digests: list[str]) -> str:
+    """One digest over several draws' (a case whose outputs are judged pooled): in order."""
+    return hashlib.sha256(",".join(digests).encode()).hexdigest()[:16]

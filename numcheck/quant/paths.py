@@ -35,7 +35,7 @@ from numcheck.measure import environment
 from numcheck.cases import inputs
 from numcheck.cases.inputs import input_digest
 from numcheck.records import Record
-from numcheck.run import ulp_histogram
+from numcheck.measure.elements import ulp_histogram
 from numcheck.measure.stats import error_stats
 from numcheck.quant.base import QuantFormat
 from numcheck.quant.recipe import RECIPES, SUITE_FIELDS, Quantizer, get_recipe, scaled_matmul

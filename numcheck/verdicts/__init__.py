@@ -1,3 +1,4 @@
 """Verdicts: the one verdict path (``judge``), the ops' rules (``policy``), the condition-aware
-bound (``conditioning``), known weaknesses by id (``findings``) and the record families
-(``families``: the one place a family registers)."""
+bound (``conditioning``), which declared convention a failing kernel follows
+(``conventions``), known weaknesses by id (``findings``) and the record families (``families``:
+the one place a family registers)."""

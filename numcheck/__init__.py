@@ -2,7 +2,8 @@
 
 Public names (docs/DESIGN.md, "Public contract"): ``round_to``, ``ulp_distance``,
 ``error_stats`` / ``ErrorStats``, ``verify`` / ``Verification``, ``kernel``, ``op``, ``adapt``,
-``fingerprint`` / ``Fingerprint``, ``telemetry`` (the module: ``nc.telemetry.watch``), the format
+``fingerprint`` / ``Fingerprint``, ``telemetry`` (the module: ``nc.telemetry.watch``), ``skips``
+(the module of skip rules for ``nc.kernel(supports=...)`` and ``nc.op(skip_grads=...)``), the format
 table ``FORMATS`` and the exception tree (``NumcheckError``, ``UsageError``).
 
 The names whose modules import torch load on first use (PEP 562), so that importing a submodule
@@ -18,8 +19,8 @@ from numcheck.measure.errorstats import ErrorStats
 from numcheck.version import __version__
 
 __all__ = ["FORMATS", "ErrorStats", "adapt", "Format", "NumcheckError", "Policy", "UsageError",
-           "Verification", "error_stats", "fingerprint", "kernel", "op", "round_to", "telemetry",
-           "ulp_distance", "verify", "__version__"]
+           "Verification", "error_stats", "fingerprint", "kernel", "op", "round_to", "skips",
+           "telemetry", "ulp_distance", "verify", "__version__"]
 
 
 def __getattr__(name: str) -> Any:
@@ -38,9 +39,10 @@ def __getattr__(name: str) -> Any:
         from numcheck.measure import stats as home
     elif name in ("fingerprint", "Fingerprint"):
         from numcheck.forensics import kernel_fingerprint as home
-    elif name == "telemetry":  # a module: `from . import` would ask this function again
+    elif name in ("telemetry", "skips"):  # modules: `from . import` would ask this again
         import importlib
-        value = globals()[name] = importlib.import_module(".telemetry", __name__)
+        path = ".telemetry" if name == "telemetry" else ".cases.skips"
+        value = globals()[name] = importlib.import_module(path, __name__)
         return value
     else:
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -46,6 +46,7 @@ from typing import Any, Callable
 
 import torch
 
+from numcheck.cases import skips
 from numcheck.cases.grid import Case
 from numcheck.registry import Kernel
 
@@ -119,18 +120,8 @@ class Compiled:
 
 
 def _supports(op: str, **params: tuple) -> Callable[[Case, str], str | None]:
-    shapes = SHAPES[op]
-
-    def supports(case: Case, device: str) -> str | None:
-        if case.shape not in shapes:
-            return (f"compiled {op} is checked on shapes {', '.join(map(str, shapes))} only "
-                    "(each shape is a new graph, 1-3 s of compile)")
-        for name, allowed in params.items():
-            if case.param(name) not in allowed:
-                return (f"compiled {op} is checked with {name} in {allowed} only, not "
-                        f"{case.param(name)!r}")
-        return None
-    return supports
+    return skips.only(f"compiled {op}", shape=SHAPES[op], **params,
+                      why="each shape or param value is another graph, 1-3 s of compile")
 
 
 def compiled_kernel(op: str, fn: Callable[..., torch.Tensor], *,

@@ -51,7 +51,7 @@ import torch
 import torch.nn.functional as F
 
 from numcheck import formats
-from numcheck.cases import inputs
+from numcheck.cases import inputs, skips
 from numcheck.cases.grid import Case, make_grid
 from numcheck.kernels.compiled import compiled_kernel
 from numcheck.verdicts.policy import Policy
@@ -186,26 +186,21 @@ _FULL = {"shape": [(64, 4096), (5, 3, 31)], "dist": ["uniform", "lognormal", "su
          "layout": ["sliced"]}
 
 
-def _gelu_skip_grads(case: Case) -> tuple[str, ...]:
-    # tanh form, |x| > 1.8e19 (near_overflow in fp32/bf16): x^2 overflows fp32, and the
-    # derivative (1 - tanh^2(y)) sqrt(2/pi) (1 + 3 c x^2) becomes 0 * inf = NaN in torch's
-    # backward, where the true derivative is 1 (x > 0) or 0 (x < 0). Pinned as a finding in the
-    # tests; the forward is still judged.
-    if case.param("approximate") == "tanh" and case.dist == "near_overflow" and \
-            case.dtype != "fp16":
-        return ("x",)
-    return ()
-
-
-def _swiglu_skip_grads(case: Case) -> tuple[str, ...]:
-    # grad_a = g b silu'(a): an unfused backward forms g * b first, which overflows the format when
-    # |b| is within a few binades of its max (near_overflow; fp16's wide_range, which saturates
-    # 10% of its values at 65504) although silu'(a) (0 for a << 0) brings the exact result back
-    # in range: inf/NaN from torch's and the baseline's backward alike. Pinned as a finding;
-    # forward and grad_b are still judged.
-    if case.dist == "near_overflow" or (case.dist == "wide_range" and case.dtype == "fp16"):
-        return ("a",)
-    return ()
+# tanh form, |x| > 1.8e19 (near_overflow in fp32/bf16): x^2 overflows fp32, and the
+# derivative (1 - tanh^2(y)) sqrt(2/pi) (1 + 3 c x^2) becomes 0 * inf = NaN in torch's
+# backward, where the true derivative is 1 (x > 0) or 0 (x < 0). Pinned as a finding in the
+# tests; the forward is still judged.
+_gelu_skip_grads = skips.grads_where(
+    lambda case: case.param("approximate") == "tanh" and case.dist == "near_overflow"
+    and case.dtype != "fp16", "x")
+# grad_a = g b silu'(a): an unfused backward forms g * b first, which overflows the format when
+# |b| is within a few binades of its max (near_overflow; fp16's wide_range, which saturates
+# 10% of its values at 65504) although silu'(a) (0 for a << 0) brings the exact result back
+# in range: inf/NaN from torch's and the baseline's backward alike. Pinned as a finding;
+# forward and grad_b are still judged.
+_swiglu_skip_grads = skips.grads_where(
+    lambda case: case.dist == "near_overflow" or (case.dist == "wide_range"
+                                                   and case.dtype == "fp16"), "a")
 
 
 def _blocks(case: Case, shape: torch.Size):

@@ -37,7 +37,7 @@ with ``finfo.min`` return the mean of V there (every logit of the row lands on f
 uniform softmax): a kernel declares ``conventions={"masked_rows": "mean_v"}`` (or
 ``mean_v_filled``, ``nan``; MASKED_ROWS) and is compared under it, reference and baseline alike;
 one that follows another choice than it declares fails with the convention's name
-(numcheck.run._convention_followed), not with an error statistic.
+(numcheck.verdicts.conventions), not with an error statistic.
 
 Reference: float64, ``softmax(QK^T * scale + mask) V`` from primitives: matmul, max subtraction,
 exp, sum, division; GQA by ``repeat_interleave`` of k/v heads; backward by float64 autograd.
@@ -80,7 +80,7 @@ import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from numcheck import formats
-from numcheck.cases import inputs
+from numcheck.cases import inputs, skips
 from numcheck.cases.grid import Case, Row, make_grid
 from numcheck.kernels.compiled import compiled_kernel
 from numcheck.verdicts.policy import Policy
@@ -332,20 +332,13 @@ def _flex_attention(q, k, v, attn_mask=None, is_causal=False, scale=None):
                               enable_gqa=k.shape[-3] != h)
 
 
-def _layout_reason(case: Case, name: str) -> str | None:
-    layout = case.param("layout", "contiguous")
-    if layout != "contiguous":
-        return (f"{name} needs q, k, v with last-dim stride 1 ({layout} inputs: torch raises "
-                "'No available kernel')")
-    return None
-
-
 def _cuda_common(case: Case, device: str, name: str) -> str | None:
     if torch.version.hip is not None:
         return f"{name}: ROCm's attention backends have other limits, not modeled here"
     if not torch.cuda.is_available():
         return f"{name}: no CUDA device"
-    return _layout_reason(case, name)
+    # other layouts: torch raises "No available kernel" (sdp_utils.cpp's stride checks)
+    return skips.contiguous(name)(case, device)
 
 
 def _capability(device: str) -> tuple[int, int]:
@@ -392,7 +385,7 @@ def _flash_supports(case: Case, device: str) -> str | None:
     if torch.device(device).type != "cuda":
         # CPU flash (_scaled_dot_product_flash_attention_for_cpu): fp16/bf16/fp32/fp64, masks,
         # causal, GQA; only the last-dim stride must be 1 (measured; sdp_utils_cpp.cpp).
-        return _layout_reason(case, "sdpa_flash")
+        return skips.contiguous("sdpa_flash")(case, device)
     b, h, hkv, s, skv, d = _dims(case)
     reason = _cuda_common(case, device, "sdpa_flash")
     if reason:

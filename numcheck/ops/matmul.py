@@ -419,6 +419,11 @@ _LIN_PROBES = [
     {"dtype": "fp32", "shape": (64, 4096, 64), "dist": "positive", "layout": "transposed",
      "weight": "same", "bias": False},
 ]
+# Size class (DESIGN rule 14; docs/grid-audit.md): dW = dY^T x and the bias gradient sum over
+# the rows: 32769 tokens (> 32768, where split-M kernels add partial dW across programs; odd,
+# so no power-of-two split is exact), K = N = 16 to keep the FP64 reference small.
+_LIN_SIZES = [{"dtype": "bf16", "shape": (32769, 16, 16), "dist": "normal",
+               "layout": "contiguous", "weight": "same", "bias": True}]
 
 # A quarter unit above the roundings a correct kernel makes: one correct rounding reaches 1 u
 # (measured max 0.999 u on the positive probes), while any further rounding in the output format
@@ -468,7 +473,7 @@ OPS = (
                              "layout": ["contiguous", "transposed"], "weight": ["same", "fp32"],
                              "bias": [True, False]},
                   extra_full={"shape": _LIN_FULL_SHAPES, "dist": _FULL_DISTS, "layout": ["sliced"]},
-                  repair=_repair, probes=_LIN_PROBES),
+                  repair=_repair, probes=_LIN_PROBES + _LIN_SIZES),
         _LIN_POLICY, grad_args=("x", "weight", "bias"), blocks=_tiles, scale=_linear_scale,
         reduction_len=_acc_len, sum_len=lambda case: _k_len(case) + 1, skip_grads=_no_bias, out_dtypes=_lin_out_dtypes,
         doc="linear(x, weight, bias=None) = x W^T + b; x (..., K), weight (N, K), bias (N,); "

@@ -185,6 +185,12 @@ def _size_probes(**extra):
 
 
 _RMS_SIZES, _RMS_FULL_SIZES = _size_probes(weight="same")
+# adaln_modulate: shift/scale are (B, 1, D), so their gradients sum over the sequence: 32769
+# tokens of one sample (the same cross-program sum), and hidden 8192 over 4 tokens.
+_ADALN_SIZES = [{"dtype": "bf16", "shape": (1, 32769, 64), "dist": "normal",
+                 "layout": "contiguous"}]
+_ADALN_FULL_SIZES = [{"dtype": "bf16", "shape": (2, 4, 8192), "dist": "outlier_channels",
+                      "layout": "contiguous"}]
 _FULL = {"shape": [(64, 4096), (8, 16, 31)], "dist": ["uniform", "lognormal", "sparse"],
          "layout": ["sliced"]}
 
@@ -266,7 +272,8 @@ OPS = (
     OpSpec(
         "adaln_modulate", _adaln_inputs, adaln_reference, adaln_baseline,
         make_grid("adaln_modulate", {**_FACTORS, "shape": [(2, 16, 128), (3, 7, 129), (1, 5, 1025)]},
-                  extra_full=_FULL, keep=_keep),
+                  extra_full=_FULL, keep=_keep, probes=_ADALN_SIZES,
+                  full_probes=_ADALN_FULL_SIZES),
         _LN_POLICY, grad_args=("x", "shift", "scale"), blocks=_rows, scale=_adaln_scale,
         reduction_len=_row_len, sum_len=_row_len,
         skip_grads=_zero_ref_grads,

@@ -132,14 +132,17 @@ def linear_unfused(x, weight, bias=None):
 
 def linear_row_tiles(x, weight, bias=None):
     """Linear in tiles of 64 rows, fp32 GEMM and bias epilogue per tile, one rounding: the
-    same sums, only split by rows."""
+    same sums, only split by rows. The weight and bias are widened once, so that their
+    gradients sum over the tiles in fp32 (widened per tile, autograd rounds each tile's share to
+    bf16 and sums those in bf16: 30 dB at 32769 rows, the size class of the linear op)."""
     dt = x.dtype
     x2 = x.reshape(-1, x.shape[-1])
-    w = weight.to(dt)
+    w = weight.to(dt).float()
+    b = None if bias is None else bias.to(dt).float()
     outs = []
     for r0 in range(0, x2.shape[0], 64):
-        o = x2[r0:r0 + 64].float() @ w.float().mT
-        outs.append(o if bias is None else o + bias.to(dt).float())
+        o = x2[r0:r0 + 64].float() @ w.mT
+        outs.append(o if b is None else o + b)
     return torch.cat(outs).to(dt).reshape(*x.shape[:-1], weight.shape[0])
 
 

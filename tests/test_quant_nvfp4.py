@@ -2,8 +2,9 @@
 oracles, planted faults.
 
 Expected numbers are worked out by hand beside each assert (DESIGN rule 10: tensor encode scale
-2688 / amax, stored decode scale amax / 2688, block scale e4m3(block_amax / 6 * S_enc), elements
-e2m1(x / (block_scale * decode))). ml_dtypes appears only here, as an oracle.
+2688 / amax, stored decode scale amax / 2688 (1 / S_enc where S_enc clamps), block scale
+e4m3(block_amax / 6 * S_enc), elements e2m1(x / (block_scale * decode))). ml_dtypes appears only
+here, as an oracle.
 """
 from __future__ import annotations
 
@@ -287,14 +288,16 @@ def test_grid_blocks_under_tiny_amax_clamp_the_encode_scale():
             assert float(q.tensor_scale) < fp32.min_normal, case.id
 
 
-def test_finding_tiny_amax_decode_scale_does_not_follow_the_clamped_encode_scale():
-    """Finding (issue 12, reported): below amax = 2688 / fp32 max (~2^-116.6) rule 10 clamps
-    S_enc but keeps the decode scale amax / 2688, so x / (block_scale * tensor_scale) is ~2^3.4
-    too large on the blocks_tiny rows and saturates: the exact quantizer's SQNR falls from ~21
-    dB (the same tensor at amax ~1) to ~1-2 dB; decoding with 1 / S_enc instead keeps ~21 dB.
-    The op's verdict cannot see it (its baseline is that quantizer, the torch kernel, TE's
-    order, is as bad: ~0.8 dB). Pinned so that a change of rule 10 shows up here."""
+def test_finding_tiny_amax_decode_scale_follows_the_clamped_encode_scale():
+    """Finding (issue 12, fixed): below amax = 2688 / fp32 max (~2^-116.6) rule 10 clamps S_enc,
+    and the reference now decodes with fp32(1 / S_enc) = 2^-128 there, the inverse of the encode
+    it used: the blocks_tiny rows keep ~21 dB, as the same tensor at amax ~1 does. Decoding with
+    amax / 2688 instead (the old reference) makes x / (block_scale * tensor_scale) ~2^3.4 too
+    large: it saturates, ~1 dB. The torch kernel (Transformer Engine's arithmetic: elements
+    scaled with 1 / S_enc, decoded with amax / 2688) gives ~0.8 dB, reported known as
+    te-nvfp4-tiny-amax-decode."""
     from numcheck.cases import inputs
+    from numcheck.catalog import kernels
     spec, cases = _blocks_cases()
     case = next(c for c in cases if c.dist == "blocks_tiny" and not c.param("two_d"))
     x = inputs.cast(*spec.make_inputs(case)[0]["x"])[1]
@@ -303,10 +306,81 @@ def test_finding_tiny_amax_decode_scale_does_not_follow_the_clamped_encode_scale
         return 10 * math.log10(float((x ** 2).sum() / ((x - y) ** 2).sum()))
     unit = 2.0 ** -(math.frexp(float(x.abs().max()))[1] - 1)
     assert sqnr(nvfp4_qdq(x * unit) / unit) > 18
-    assert sqnr(nvfp4_qdq(x)) < 4
-    enc, _ = nv.tensor_scales(x.abs().max())
+    assert sqnr(nvfp4_qdq(x)) > 18
+    enc, dec = nv.tensor_scales(x.abs().max())
+    assert enc.item() == formats.get("fp32").max and dec.item() == 2.0 ** -128
     t = x.reshape(*x.shape[:-1], -1, 16)
     bs = formats.round_to(t.abs().amax(-1, keepdim=True) * enc / 6, "e4m3", "rne", saturate=True)
-    dec = bs / enc  # the block's decode scale with 1 / S_enc
-    codes = formats.round_to(t / torch.where(dec == 0, 1.0, dec), "e2m1", "rne", saturate=True)
-    assert sqnr((codes * dec).reshape(x.shape)) > 18
+    old = bs * float(np.float32(x.abs().max().item() / 2688.0))  # rule 10's amax / 2688 decode
+    codes = formats.round_to(t / torch.where(old == 0, 1.0, old), "e2m1", "rne", saturate=True)
+    assert sqnr((codes * old).reshape(x.shape)) < 4
+    torch_kernel = kernels("nvfp4_qdq")["torch"]
+    assert sqnr(torch_kernel.fn(x.float()).double()) < 2
+    assert torch_kernel.known(case, "cpu", "out") == "te-nvfp4-tiny-amax-decode"
+
+
+# ---- tiny global amax: 2^-80 .. 2^-120 (the amax param of the grid) ----------------------------
+
+TINY_AMAX = (-80, -88, -96, -104, -112, -116, -117, -118, -120)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_reference_keeps_its_sqnr_at_tiny_amax(dtype):
+    """The same N(0,1) tensor rescaled to amax 2^k: the reference's SQNR stays that of amax 1
+    (20.4 dB measured) on both sides of the clamp at 2^-116.6; the stored decode scale is
+    amax / 2688 above it (rule 10, unchanged) and 1 / S_enc = 2^-128 below."""
+    g = torch.Generator().manual_seed(8)
+    base = torch.randn(16, 1024, generator=g, dtype=torch.float64)
+    base = base / base.abs().max()
+
+    def sqnr(k):
+        x = (base * 2.0 ** k).to(dtype)
+        return nc.error_stats(nvfp4_qdq(x), x.double(), fmt="fp64").sqnr_db
+    unit = sqnr(0)
+    assert unit > 19.5
+    for k in TINY_AMAX:
+        assert sqnr(k) == pytest.approx(unit, abs=0.1), k
+        dec = nvfp4_quantize((base * 2.0 ** k).to(dtype)).tensor_scale.item()
+        assert dec == (float(np.float32(2.0 ** k / 2688.0)) if k >= -116 else 2.0 ** -128), k
+
+
+def _tiny(case) -> bool:
+    """A quick-grid case whose tensor amax is below 2^-88 (the amax param, or blocks_tiny)."""
+    k = case.param("amax")
+    return case.dist == "blocks_tiny" or (k is not None and int(k.split("^")[1]) < -88)
+
+
+def test_grid_covers_tiny_amax():
+    from numcheck.cases import inputs
+    from numcheck.catalog import get_op
+    spec = get_op("nvfp4_qdq")
+    quick = [c for c in spec.grid("quick") if c.param("amax")]
+    full = [c for c in spec.grid("full") if c.param("amax")]
+    assert {c.param("amax") for c in full} == {f"amax=2^{k}" for k in TINY_AMAX}
+    assert {c.param("amax") for c in quick} >= {"amax=2^-116", "amax=2^-117", "amax=2^-120"}
+    for case in quick:  # the drawn inputs have exactly the amax the case says
+        x = inputs.cast(*spec.make_inputs(case)[0]["x"])[1]
+        assert float(x.abs().max()) == 2.0 ** int(case.param("amax").split("^")[1]), case.id
+
+
+def test_planted_flush_of_tiny_tensors_is_caught():
+    """Fault: a kernel that returns zeros for a whole tensor whose amax is below 2^-88. It
+    passed while no case lay between 2^-89 and 2^-116 and the reference decoded blocks_tiny
+    (~2^-121) with amax / 2688 (~1 dB: zeros were within 1.25x of its error); with the old
+    reference it would still pass the 2^-120 and fp32 blocks_tiny cases (measured). Now every
+    quick case below 2^-88 fails, and the reference-faithful kernel passes them all."""
+    def faithful(x, two_d=False):
+        return nvfp4_qdq(x, two_d=two_d)
+
+    def flush_tiny(x, two_d=False):
+        out = nvfp4_qdq(x, two_d=two_d)
+        return torch.zeros_like(out) if float(x.abs().amax()) < 2.0 ** -88 else out
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        bad = nc.verify("nvfp4_qdq", flush_tiny, device="cpu")
+        good = nc.verify("nvfp4_qdq", faithful, device="cpu")
+    from numcheck.catalog import get_op
+    want = {c.id for c in get_op("nvfp4_qdq").grid("quick") if _tiny(c)}
+    assert len(want) >= 5
+    assert not bad.passed and {r.case_id for r in bad.failures} == want
+    assert good.passed and not good.failures, [r.reason for r in good.failures][:3]

@@ -2,15 +2,26 @@
 
 NVFP4 (NVIDIA's FP4 format for Blackwell; the NVFP4 description in the CUDA/PTX and Transformer
 Engine documentation) is two-level scaled e2m1: blocks of 16 elements along ``dim``, each with an
-e4m3 block scale, and one fp32 per-tensor scale. DESIGN rule 10 fixes the arithmetic; why each
-step is what it is:
+e4m3 block scale, and one fp32 per-tensor scale. DESIGN rule 10 fixes the arithmetic (its
+stored decode scale amax / 2688 is read as "the inverse of the encode scale": past the encode
+clamp that is 1 / S_enc, see "Tiny amax"); why each step is what it is:
 
 * Per-tensor: amax = max |x| over the tensor. The encode scale is
   S_enc = fp32(448 * 6 / amax) (448 = e4m3 max, 6 = e2m1 max: the block scales then use e4m3's
   whole range). What is *stored* is the decode scale ``tensor_scale`` = fp32(amax / (448 * 6))
-  (rule 10). amax = 0 (all-zero tensor) gives S_enc = tensor_scale = 1 (Transformer Engine's
-  convention), so the result is zeros, never 0/0 = NaN. S_enc is clamped to fp32's max (a
-  tensor so small that 2688/amax overflows fp32; rule 10's "scale clamped to the fp32 max").
+  (rule 10; fp32(1 / S_enc) where S_enc clamps, below). amax = 0 (all-zero tensor) gives
+  S_enc = tensor_scale = 1 (Transformer Engine's convention), so the result is zeros, never
+  0/0 = NaN. S_enc is clamped to fp32's max (a tensor so small that 2688/amax overflows fp32;
+  rule 10's "scale clamped to the fp32 max").
+* **Tiny amax**: where S_enc is clamped (amax < 2688 / fp32 max ~ 2^-116.6), the stored decode
+  scale is fp32(1 / S_enc) = 2^-128, not amax / 2688. The decode must invert the encode that was
+  used (NVIDIA's NVFP4 description: S_dec = 1 / S_enc); amax / 2688 is that inverse only while
+  S_enc is not clamped, and past the clamp it leaves x / (block_scale * tensor_scale) up to
+  2688 / (amax * fp32 max) too large: large elements saturate and SQNR falls from ~20 dB to
+  6 dB at 2^-118, 1.5 dB at 2^-120 (docs/quant-findings.md, "NVFP4 at a tiny global amax").
+  With 1 / S_enc it stays ~20 dB down to amax ~2^-131 (the largest block scale,
+  amax * fp32 max / 6, is still an e4m3 normal >= 2^-6) and every block flushes only below
+  amax = 6 * 2^-10 / fp32 max ~ 2^-135.4. Unclamped amax keeps amax / 2688 bit for bit.
 * Block scale: block_scale = e4m3_rne_saturating(block_amax / 6 * S_enc), rounded once from the
   exact value (float64 holds block_amax * S_enc exactly, and its quotient by 6 cannot fall on an
   e4m3 rounding boundary, so the float64 quotient rounds like the exact one). A kernel that
@@ -53,7 +64,8 @@ TENSOR_RANGE = E4M3_MAX * E2M1_MAX  # 2688: amax maps to the largest block scale
 class NVFP4Quantized:
     """codes: e2m1 values (float64, x's shape); block_scale: e4m3 values as float64, one per
     block (x's shape with ``dim`` / 16, or both last dims / 16 for two_d); tensor_scale: the fp32
-    decode scale amax / 2688 (0-d float64 tensor holding an fp32 value)."""
+    decode scale amax / 2688, or 1 / S_enc where S_enc clamps (0-d float64 tensor holding an
+    fp32 value)."""
 
     codes: torch.Tensor
     block_scale: torch.Tensor
@@ -89,11 +101,17 @@ def _fp32(v: torch.Tensor) -> torch.Tensor:
 
 def tensor_scales(amax: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """(encode, decode) per-tensor scales in fp32 (as float64) from the tensor's amax (DESIGN
-    rule 10): 2688 / amax and amax / 2688; both 1 for amax = 0; encode clamped to fp32's max."""
+    rule 10): 2688 / amax and amax / 2688; both 1 for amax = 0; encode clamped to fp32's max,
+    and then decode = fp32(1 / clamped encode) (module doc, "Tiny amax")."""
     zero = amax == 0
     safe = torch.where(zero, 1.0, amax)
-    enc = _fp32(TENSOR_RANGE / safe).clamp(max=formats.get("fp32").max)
-    dec = _fp32(safe / TENSOR_RANGE)
+    enc = _fp32(TENSOR_RANGE / safe)
+    # fp32(2688 / amax) overflows (inf) below amax = 2688 / fp32 max ~ 2^-116.6: rule 10's clamp
+    clamped = enc > formats.get("fp32").max
+    enc = enc.clamp(max=formats.get("fp32").max)
+    # the decode inverts the encode actually used: past the clamp fp32(1 / fp32 max) = 2^-128
+    # (an fp32 subnormal), elsewhere amax / 2688 (rule 10, unchanged)
+    dec = torch.where(clamped, _fp32(1.0 / enc), _fp32(safe / TENSOR_RANGE))
     return torch.where(zero, 1.0, enc), torch.where(zero, 1.0, dec)
 
 

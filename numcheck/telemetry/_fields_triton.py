@@ -367,8 +367,11 @@ def _blocks(bits_ptr, cell_ptr, ncells, out_ptr, rows, cols, nbr, ntiles, per,
             top_bits = top_bits.to(tl.int32)
         tamax = _abs_value(top_bits, INF, WIDTH, BF16)
         enc = (RANGE / tamax).to(tl.float32).to(tl.float64)
-        enc = tl.where(enc > _FP32_MAX, _FP32_MAX, enc)
-        dec = (tamax / RANGE).to(tl.float32).to(tl.float64)
+        clamped = enc > _FP32_MAX
+        enc = tl.where(clamped, _FP32_MAX, enc)
+        # past the clamp the decode inverts the clamped encode (nvfp4.tensor_scales)
+        dec = tl.where(clamped, (1.0 / enc).to(tl.float32).to(tl.float64),
+                       (tamax / RANGE).to(tl.float32).to(tl.float64))
         enc = tl.where(tamax == 0, 1.0, enc)
         dec = tl.where(tamax == 0, 1.0, dec)
         nan_q = tl.where(dec != dec, float("nan"), 1.0)

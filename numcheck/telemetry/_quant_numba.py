@@ -336,9 +336,11 @@ def _nvfp4(x, tr, tc):
         enc = dec = 1.0
     else:
         enc = _fp32(TENSOR_RANGE / amax)
-        if enc > _FP32_MAX:  # clamped to the fp32 max (NaN stays)
+        if enc > _FP32_MAX:  # clamped to the fp32 max (NaN stays); the decode inverts it
             enc = _FP32_MAX
-        dec = _fp32(amax / TENSOR_RANGE)
+            dec = _fp32(1.0 / enc)
+        else:
+            dec = _fp32(amax / TENSOR_RANGE)
     nan_q = np.nan if dec != dec else 1.0  # NaN amax: everything NaN
     # log2(bs * dec) per e4m3 block scale bs (at most 2^7 positive values): a table filled as
     # they come, keyed by bs's float64 exponent and top 3 fraction bits (e4m3's 2^-9 .. 448

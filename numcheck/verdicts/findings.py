@@ -104,6 +104,18 @@ _ALL = (
         "policy it must fail, which shows that numcheck tells TF32 from fp32 (H200: 70-91 dB "
         "SQNR against the fp32 baseline's 123-136 dB)."),
     Finding(
+        "te-nvfp4-tiny-amax-decode",
+        "NVFP4 decoded with amax / 2688 after the encode scale clamped (Transformer Engine)",
+        "Below a tensor amax of 2688 / fp32 max (~2^-116.6) the fp32 encode scale 2688 / amax "
+        "overflows and is clamped to the fp32 max; Transformer Engine (and numcheck's torch "
+        "nvfp4_qdq kernel, which follows its arithmetic) still decodes with amax / 2688 "
+        "(dequantize_nvfp4.cuh; the GEMM's alpha), so the result is amax * fp32 max / 2688 "
+        "times too small. Measured on N(0,1) 16 x 1024 tensors (torch 2.13.0 CPU): SQNR 20.4 "
+        "dB down to 2^-116, 12.0 at 2^-117, 4.1 at 2^-118, 0.9 at 2^-120, 0 on subnormal "
+        "inputs; the reference decodes with 1 / S_enc there (the inverse of the encode used, "
+        "NVFP4's S_dec = 1 / S_enc) and keeps 20.4 dB to 2^-130. Real activations and weights "
+        "are never that small."),
+    Finding(
         "inductor-cache-across-cpu-capability",
         "inductor's cache ignores ATEN_CPU_CAPABILITY",
         "Inductor generates C++ for the ISA that ATEN_CPU_CAPABILITY selects, but its FX-graph "

@@ -98,6 +98,33 @@ def test_truncating_accumulation():
     assert (fp.acc_bits, fp.acc_rounding, fp.order) == (23, "rz", "sequential"), fp
 
 
+def _fp16_acc(x, y):
+    """An fp16 accumulator: each partial sum rounded once to fp16 (RNE, inf beyond 65504) from
+    its float64 sum, exact for the probes' operands."""
+    return (x.double() + y.double()).half()
+
+
+def _rz_via_fp64(x, y):
+    """An fp32 accumulator that truncates each partial sum: the float64 sum with its 29 lowest
+    fraction bits cleared (toward zero). Unlike _rz, an addend beyond float64's 53 bits below
+    the other is lost in the float64 sum, as in an adder whose alignment window drops it."""
+    s = (x.double() + y.double()).view(torch.int64) & -(1 << 29)
+    return s.view(torch.float64).float()
+
+
+@pytest.mark.parametrize("tree,order", [(_seq, "sequential"), (_pair, "pairwise")])
+@pytest.mark.parametrize("add,bits,mode,dtype", [(_fp16_acc, 10, "rne", "bf16"),
+                                                 (_fp16_acc, 10, "rne", "fp16"),
+                                                 (_rz_via_fp64, 23, "rz", "bf16")])
+def test_plain_loops_in_fp16_or_truncating_accumulators(tree, order, add, bits, mode, dtype):
+    """The probes must fit the measured accumulator: an fp16 one overflows on B = 2^100 (from
+    fp16 inputs, on the precision probe's 1.5 2^15 + 2^14 too), and one that drops addends
+    beyond a window never sees a unit 2^105 below B."""
+    fp = fingerprint("matmul", _kernel(tree, add), dtype=dtype, device="cpu")
+    assert (fp.acc_bits, fp.acc_rounding, fp.promote_every) == (bits, mode, None), fp
+    assert fp.order == order, fp.evidence["order"]
+
+
 def test_batch_dependent_split_is_not_batch_invariant():
     fp = fingerprint("matmul", _batch_dependent, dtype="bf16", device="cpu")
     assert not fp.batch_invariant and fp.deterministic, fp

@@ -11,14 +11,17 @@ the kernel that computes it as one).
 Probes (every value a power of two or 3 x one, exact in the input dtype; the output exact in
 the output dtype, else compared after numcheck's own rounding of the prediction):
 
-* order: +B at position i, -B at j, a unit U everywhere else, with B / U far beyond any
-  accumulator's reach (2^105 for bf16/fp32 inputs, 2^40 for fp16, 2^28 for e4m3). Whatever adds
-  into a partial sum that holds +-B is swamped, so the output counts the units outside the
-  smallest subtree of the summation tree that holds both i and j. Pairs (0, j) and (n-1, j) at
-  n = 128, 256, 512 tell sequential, pairwise, blocked:<k> (sequential blocks of k, whatever
-  n), split:<s> (s chunks, whatever n) and strided:<w> (w lanes) apart; each hypothesis's
-  prediction is computed by evaluating its tree exactly with the measured accumulator, and the
-  order is the hypothesis that predicts every probe.
+* order: +B at position i, -B at j, a unit U everywhere else, with B / U just beyond the
+  measured accumulator's reach (2^(acc_bits + 12), B <= 2^14 where U >= 2^-12 allows: an
+  fp16 accumulator holds it; the dtype's limit, 2^105 for bf16/fp32 inputs, 2^40 for fp16,
+  2^28 for e4m3, where acc_bits is unknown or wider). Whatever adds into a partial sum that
+  holds +-B is swamped (or, rounding toward zero, steps it), so the output counts the units
+  outside the smallest subtree of the summation tree that holds both i and j. Pairs (0, j)
+  and (n-1, j) at n = 128, 256, 512 tell sequential, pairwise, blocked:<k> (sequential blocks
+  of k, whatever n), split:<s> (s chunks, whatever n) and strided:<w> (w lanes) apart; each
+  hypothesis's prediction is computed by evaluating its tree exactly with the measured
+  accumulator (its bits and rounding), and the order is the hypothesis that predicts every
+  probe.
 * acc_bits: X = 1.5 2^b at 0, 2^(b-q) at the leaf summed first with it, -X at the last leaf:
   the output is 2^(b-q) while X + 2^(b-q) survives, 0 (or a rounding up) once it does not;
   acc_bits is the largest q that survives (23 for fp32 accumulation, 52 for fp64). X + s and
@@ -115,12 +118,13 @@ class _Scales:
 
 
 # bf16 / fp32 hold 2^100 and 2^-5 directly (B / U = 2^105). fp16 builds each value as a
-# product of two factors within +-2^15 (B = 2^30, U = 2^-10); X = 1.5 2^15 keeps the precision
-# probe's 2^(15-q) a normal fp16 output up to q = 29 and an exact subnormal up to q = 39. e4m3
+# product of two factors within +-2^15 (B = 2^30, U = 2^-10); X = 1.5 2^14 keeps the precision
+# probe's 2^(14-q) a normal fp16 output up to q = 28 and an exact subnormal up to q = 38, and
+# X + 2^13 within an fp16 accumulator's range (1.5 2^15 + 2^14 overflows it). e4m3
 # (FP8 GEMMs: the kernel gets e4m3 operands and returns bf16/fp16/fp32): factors within
 # 2^-6 .. 2^8 (normal, 448 max), B = 2^16, U = 2^-12, X = 1.5 2^16, 2^(16-q) down to 2^-12.
 _SCALES = {"bf16": _Scales(100, -5, 0, 80), "fp32": _Scales(100, -5, 0, 80),
-           "fp16": _Scales(30, -10, 15, 38, True, (15, -9)),
+           "fp16": _Scales(30, -10, 14, 38, True, (15, -9)),
            "e4m3": _Scales(16, -12, 16, 28, True, (8, -6))}
 _TORCH = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32,
           "e4m3": torch.float8_e4m3fn}
@@ -510,11 +514,27 @@ def _accumulation(pr: _Prober, sc: _Scales, n: int, j: int, evidence: dict):
     # them, assumed RNE (partial sums of units inside a block are exact in the narrow one)
     mode = rounding if rounding != "unknown" else "rne"
     if promote:
-        order, evidence["order"] = _order(pr, sc, min(wide, 52), "rne",
+        order, evidence["order"] = _order(pr, _fitted(sc, wide), min(wide, 52), "rne",
                                           (promote, acc_bits, mode))
     else:
-        order, evidence["order"] = _order(pr, sc, min(acc_bits or 52, 52), mode)
+        order, evidence["order"] = _order(pr, _fitted(sc, acc_bits), min(acc_bits or 52, 52),
+                                          mode)
     return acc_bits, rounding, promote, order
+
+
+def _fitted(sc: _Scales, p: int | None) -> _Scales:
+    """The order probe's (big, unit) for a p-bit accumulator: B / U = 2^(p + 12), the units
+    (512 U at most) under a quarter of B's ulp, with B = 2^14 where U stays >= 2^-12 (B within
+    an fp16 accumulator's range; U normal in an fp16 output and a product of normal e4m3
+    factors). B / U far beyond the accumulator's reach would bring in what acc_bits and
+    acc_rounding do not describe: an fp16 accumulator overflows on B = 2^100, an adder that
+    aligns addends in a window drops a unit 2^105 below B where a truncating one would step
+    toward zero. The dtype's own scales where it cannot hold that ratio (e4m3) or p is unknown
+    (None, the probe's limit)."""
+    if p is None or p >= sc.max_t or p + 12 >= sc.big - sc.unit:
+        return sc
+    unit = max(2 - p, -12)
+    return dataclasses.replace(sc, big=unit + p + 12, unit=unit)
 
 
 def _batch_probe(sc: _Scales) -> torch.Tensor:

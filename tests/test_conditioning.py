@@ -269,3 +269,9 @@ def test_one_pass_gives_the_two_pass_verdicts():
         ("failed", "beyond", False, False),
     }
     assert must <= seen, sorted(must - seen)
+
+
+def test_own_roundings_count_as_the_policy_allows_a_stable_kernel():
+    # conditioning cannot import policy (policy imports it): the two constants are kept equal here
+    from numcheck.verdicts import policy
+    assert conditioning.OWN_C == policy.COND_C

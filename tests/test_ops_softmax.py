@@ -195,7 +195,11 @@ def test_planted_faults_are_caught_where_expected():
     v = _verify("softmax", softmax_skips_ragged_tail)
     failed = {r.case_id for r in v.failures}
     assert any("x129-" in c or "x33-" in c or "x1025-" in c for c in failed)
-    assert not any("4x128-" in c and "-last" in c for c in failed)
+    # the forward, where the fault is: autograd through this kernel's max shift leaves ~u |g|
+    # in one-hot rows (outlier_channels draws with logit gaps of ~50: reference gradient 2e-20,
+    # this kernel's 8e-20 off, torch's 3e-26), which the worst-row rule of grad_x sees
+    assert not any("4x128-" in r.case_id and "-last" in r.case_id for r in v.failures
+                   if r.output == "out")
 
 
 def _ce_backward_rounding_softmax_first(grad_out, logits, target):

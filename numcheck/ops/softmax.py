@@ -15,8 +15,10 @@ signs): exp overflows without the max subtraction in every dtype, and the negati
 100..200 below the max, where p underflows fp32 (log(softmax) = -inf).
 
 References (float64, primitives only): m = max over dim (a constant shift, detached: the result
-does not depend on it), e = exp(x - m), softmax = e / sum e, log_softmax = (x - m) - log(sum e),
-cross_entropy = mean over rows of -log_softmax[row, target]; gradients by float64 autograd.
+does not depend on it), e = exp(x - m), softmax = e / sum e, log_softmax = (x - m) - log(sum e)
+with log(sum e) as log1p of the sum less the max's 1 (near log p = 0 log(sum e) would keep 2% of
+the result: _shifted), cross_entropy = mean over rows of -log_softmax[row, target]; gradients by
+float64 autograd.
 
 Baselines: the same formulas with plain torch primitives, computed in fp32 from the stored
 inputs and rounded once at the op's outputs (DESIGN rule 4: where a fused kernel and torch's own
@@ -99,9 +101,16 @@ def draw(case: Case, shape: tuple[int, ...], stream: str) -> torch.Tensor:
 
 
 def _shifted(x: torch.Tensor, dim: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """(x - m, log sum exp(x - m)) in float64, m the max along dim (detached: a constant shift)."""
+    """(x - m, log sum exp(x - m)) in float64, m the max along dim (detached: a constant shift).
+
+    log s = log1p(s - 1), s - 1 summed with the max's term as expm1(0) = 0: where one logit
+    dominates, log(s) of the rounded s = 1 + 6e-15 keeps 2% of log p (float64's u of 1), and the
+    condition-aware bound's perturbation of it (1e-20) none. expm1 keeps the max's gradient
+    (its derivative is exp); argmax picks one max where several tie."""
     z = x - x.amax(dim, keepdim=True).detach()
-    return z, torch.log(torch.exp(z).sum(dim, keepdim=True))
+    top = torch.zeros_like(z, dtype=torch.bool).scatter(dim, z.argmax(dim, keepdim=True), True)
+    rest = torch.where(top, torch.expm1(z), torch.exp(z)).sum(dim, keepdim=True)
+    return z, torch.log1p(rest)
 
 
 def _cond(x: torch.Tensor, dim: int):
@@ -233,7 +242,7 @@ def _log_softmax_scale(x, dim=-1):
 # beyond its inputs: a softmax that keeps the row's log-sum-exp (flash kernels recompute P as
 # exp(x - LSE)) rounds LSE and x - LSE, each by u of |x| + |LSE|, and p moves by p times that.
 # Input perturbations cannot stand in: softmax is shift-invariant, so no perturbation of x
-# moves a dominant p like a rounded LSE. Not for log_softmax or cross_entropy: there x - LSE
+# moves a dominant p like a rounded LSE. Not so for log_softmax or cross_entropy: there x - LSE
 # with LSE rounded leaves an absolute error u |LSE| on log-probabilities near 0 that the
 # componentwise rule fails (tests/test_ops_softmax.py, log_softmax_folded_lse).
 def _softmax_cond_scale(x, dim=-1):
@@ -241,6 +250,22 @@ def _softmax_cond_scale(x, dim=-1):
         x64 = x.to(torch.float64)
         z, lse = _shifted(x64, dim)  # the full LSE is x - z + lse
         return torch.exp(z - lse) * (x64.abs() + (x64 - z + lse).abs())
+
+
+# log_softmax and cross_entropy: what every algorithm rounds is the shifted sum s = sum
+# exp(x - m) >= 1 (relative u, so log s moves by u absolute) and log s itself (u |log s|): 1 +
+# |log s| per log-probability. Shift-free: a folded LSE's u |m| is no term of it (within the
+# bound only where the sum's own allowance 2 C = 2 (4 + D) u exceeds it: D = 33, |m| = 100). No
+# input perturbation stands in where one logit dominates (log p = -6e-15: s - 1 moves by 1e-20,
+# while torch's fp32 log_softmax, s rounded to 1, returns 0: 5e14 x a bound without this term).
+def _log_softmax_cond_scale(x, dim=-1):
+    with torch.no_grad():
+        _, lse = _shifted(x.to(torch.float64), dim)
+        return (1.0 + lse.abs()).expand(x.shape)
+
+
+def _ce_cond_scale(logits, target):
+    return _log_softmax_cond_scale(logits, -1).select(-1, 0).mean()  # the loss: the rows' mean
 
 
 def _eager_softmax(x, dim=-1):
@@ -378,6 +403,16 @@ _SM_FACTORS = {"dtype": ["fp32", "bf16", "fp16"], "shape": _SM_SHAPES, "dist": _
 _SM_FULL = {"shape": [(16, 4096), (8, 3, 31)], "dist": ["wide_range", "uniform", "sparse",
                                                         "near_overflow", "large_mean"],
             "layout": ["sliced"]}
+# Size classes (DESIGN rule 14; docs/grid-audit.md): rows longer than 65536, where single-block
+# row kernels stop (liger-kernel's and unsloth's calculate_settings, MAX_FUSED_SIZE = 65536) and
+# multi-block or online kernels take over: Llama 3's 128256-entry vocabulary (quick), and
+# 131073 = 2^17 + 1 (full: odd, so every power-of-two chunking ends in a one-element block;
+# lognormal logits move the running max, and with it the online rescaling, many times). No
+# many-rows class: neither op nor its backward reduces over rows (no parameter gradients).
+_SM_SIZES = [{"dtype": "bf16", "shape": (2, 128256), "dist": "normal", "layout": "contiguous",
+              "dim": "last"}]
+_SM_FULL_SIZES = [{"dtype": "fp32", "shape": (2, 131073), "dist": "lognormal",
+                   "layout": "contiguous", "dim": "last"}]
 
 _CE_FACTORS = {"dtype": ["fp32", "bf16", "fp16"], "shape": [(8, 128), (3, 1025), (2, 4096)],
                "dist": ["normal", "large_logits", "student_t", "outlier_channels",
@@ -418,16 +453,18 @@ _CE_POLICY = Policy(**_BOUND, floor_u=8.0,
 OPS = (
     OpSpec(
         "softmax", _sm_inputs, softmax_reference, softmax_baseline,
-        make_grid("softmax", _SM_FACTORS, extra_full=_SM_FULL),
+        make_grid("softmax", _SM_FACTORS, extra_full=_SM_FULL, probes=_SM_SIZES,
+                  full_probes=_SM_FULL_SIZES),
         _SM_POLICY, grad_args=("x",), blocks=_blocks_sm, scale=_softmax_scale,
         skip_grads=_sm_skip_grads, reduction_len=_reduced_len, sum_len=_reduced_len,
         cond_scale=_softmax_cond_scale,
         doc="softmax(x, dim=-1); dim is the case param 'last' (-1) or 'second_last' (-2)"),
     OpSpec(
         "log_softmax", _sm_inputs, log_softmax_reference, log_softmax_baseline,
-        make_grid("log_softmax", _SM_FACTORS, extra_full=_SM_FULL),
+        make_grid("log_softmax", _SM_FACTORS, extra_full=_SM_FULL, probes=_SM_SIZES,
+                  full_probes=_SM_FULL_SIZES),
         _LSM_POLICY, grad_args=("x",), blocks=_blocks_sm, scale=_log_softmax_scale,
-        reduction_len=_reduced_len, sum_len=_reduced_len,
+        reduction_len=_reduced_len, sum_len=_reduced_len, cond_scale=_log_softmax_cond_scale,
         doc="log_softmax(x, dim=-1); dim is the case param 'last' (-1) or 'second_last' (-2)"),
     OpSpec(
         "cross_entropy", _ce_inputs, cross_entropy_reference, cross_entropy_baseline,
@@ -436,7 +473,7 @@ OPS = (
         _CE_POLICY, grad_args=("logits",), blocks=_blocks_ce, scale=_ce_scale,
         out_dtypes=_out_dtypes_ce, reduction_len=lambda case: case.shape[-1],
         # the row's sum of exponentials, then the mean over N rows
-        sum_len=lambda case: case.shape[-1] + case.shape[0],
+        sum_len=lambda case: case.shape[-1] + case.shape[0], cond_scale=_ce_cond_scale,
         doc="cross_entropy(logits (N, C), target (N,) int64 kwarg on the CPU), mean reduction"),
 )
 def _triton_softmax(x, dim=-1):

@@ -12,13 +12,22 @@ case itself with the FP64 reference, for any op and without knowing its formula:
 and a kernel's error is within the bound where, block by block (the blocks of the op's
 ErrorStats; element by element for ops with a componentwise rule),
 
-    ||out - ref||_b  <=  ||rnd(ref) - ref||_b + 2 C (||D + u_c S||_b + u_c F_b),
+    ||out - ref||_b  <=  ||rnd(ref) - ref||_b + 2 C (||D + u_c S + (c_0 / C) u_c |ref| ||_b
+                                                     + u_c F_b),
     C = cond_c + sum_len   (Policy.cond_c per op with its reason; OpSpec.sum_len: gamma_n)
 
 The first term is the output's own rounding (rnd: numcheck's RNE to the output's format), the
 second what a stable algorithm may add: a computed value within e of ref rounds to within
 |rnd(ref) - ref| + 2e of it (a neighbour only where e reaches the midpoint); S is the op's
-OpSpec.cond_scale (intermediates no input perturbation stands for); F_b is the median block's
+OpSpec.cond_scale (intermediates no input perturbation stands for); c_0 u_c |ref| is the
+result's own relative perturbation (Higham's mixed stability, "Accuracy and Stability" 1.5:
+y + dy = f(x + dx)), c_0 = OWN_C roundings of the result itself and not C (a sum's
+length scales its terms' errors, which D measures, not the result's last rounding). No input
+perturbation stands for it where the result hardly moves with its inputs (silu at its minimum,
+log p of a dominant logit), and it covers the FP64 reference's own error (a few u_64 |ref|,
+u_64 = 2^-29 u_fp32, where the reference is relatively accurate: references that would cancel
+are written log1p-style), so that a bound is never read below what float64 resolves and a
+correctly rounded output passes; F_b is the median block's
 norm for blocks below ErrorStats' low-energy floor (BLOCK_ENERGY_EPS of the median: cancelled
 results such as an exactly-zero gradient row), 0 elsewhere. ``ratio`` is the worst block's
 (element's) left side over its right side: <= 1 passes.
@@ -40,6 +49,10 @@ from numcheck import formats
 from numcheck.cases import inputs
 from numcheck.measure.blocks import block_index, block_sums
 from numcheck.measure.stats import BLOCK_ENERGY_EPS
+
+# c_0 of the module doc: the roundings of the result itself a stable kernel may make, the count
+# policy.COND_C allows it (not imported: policy imports this module).
+OWN_C = 4.0
 
 # Eight draws: the elementwise bound reads D per element, whose estimate from few draws can be
 # near 0 by chance (compiled adaln_modulate, fp32-2x16x128-zero_blocks-s0-transposed, a
@@ -94,7 +107,8 @@ def ratio(out: torch.Tensor, ref: torch.Tensor, d: torch.Tensor, out_fmt: str, c
     fin &= torch.isfinite(rounded)  # beyond the format's range: the non-finite rule's
     err = torch.where(fin, (o - r).abs(), zero)
     rnd = torch.where(fin, (rounded - r).abs(), zero)
-    dd = torch.where(fin, d.to(torch.float64), zero)
+    own = OWN_C / c if c > 0 else 0.0  # the result's own roundings, c_0 of them (module doc)
+    dd = torch.where(fin, d.to(torch.float64) + own * u_c * r.abs(), zero)
     cnt = block_sums(fin.to(torch.float64), blocks)
     ref2 = block_sums(torch.where(fin, r * r, zero), blocks)
     # Blocks far below the median (under ErrorStats' BLOCK_ENERGY_EPS floor: an exactly-zero

@@ -504,7 +504,13 @@ _FULL_ROWS = [
 ]
 
 
-sdpa_grid = make_grid("sdpa", _FACTORS, extra_full=_FULL, probes=_MLA_ROWS,
+# Size class (DESIGN rule 14; docs/grid-audit.md): decode against 8193 keys, past the 8192 where
+# split-KV kernels partition the key sequence across programs and combine partial outputs by
+# their log-sum-exps (vLLM's paged attention takes its partitioned V2 kernel past max_seq_len
+# 8192; torch's CPU flash kernel walks 512-key blocks: 16 and a one-key tail). GQA 4:1.
+_SIZE_ROWS = [_row("bf16", (1, 8, 2, 1, 8193, 64), "normal", "none")]
+
+sdpa_grid = make_grid("sdpa", _FACTORS, extra_full=_FULL, probes=_MLA_ROWS + _SIZE_ROWS,
                       transform=_attn_params, full_probes=_FULL_ROWS)
 
 

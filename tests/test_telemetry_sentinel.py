@@ -202,6 +202,47 @@ def _inference(model, x):
         model(x)
 
 
+class _HalfGrad(torch.autograd.Function):
+    """Identity forward; a backward that multiplies in fp16 (inf past |g| = 65504 / 256)."""
+
+    @staticmethod
+    def forward(ctx, x):
+        return x.clone()
+
+    @staticmethod
+    def backward(ctx, g):
+        return (g.half() * 256).float() / 256
+
+
+class _LossAndLogits(nn.Module):
+    """Returns (loss, logits), the loss computed from the logits (``model(..., labels=...)``):
+    the logits' gradient arrives through the loss. Between the NaN-making backward (net.1) and
+    the head, an fp16 backward (net.2) that overflows at twice the live gradient: a replay
+    seeding the logits with their total gradient as well as the loss named net.2 at every=3."""
+
+    def __init__(self):
+        super().__init__()
+        self.net = nn.Sequential(_eye(nn.Linear(8, 8), 1.0), _BadBackward(),
+                                 _Module(_HalfGrad.apply), nn.Linear(8, 4))
+
+    def forward(self, x):
+        logits = self.net(x)
+        return logits.float().pow(2).mean(), logits
+
+
+class _Module(nn.Module):
+    def __init__(self, fn):
+        super().__init__()
+        self.fn = fn
+
+    def forward(self, x):
+        return self.fn(x)
+
+
+# the loss scale: net.2 overflows live above 139.9 (measured), on a doubled gradient above 70
+LOSS_SCALE = 100.0
+
+
 def _boom_net():
     return nn.Sequential(nn.Sequential(_eye(nn.Linear(8, 8), 1.0), InPlaceBoom()),
                          nn.Linear(8, 1))
@@ -247,6 +288,9 @@ CASES = {
     "first layer replaced after watch, fault on step 2": _bwd_case(2, body=_replaces_first_layer),
     "torch.autograd.grad over all parameters but the first": _bwd_case(body=_grad_loop_but_first),
     "backward NaN in the first of two micro-batches": _bwd_case(micro=2, fault_in=0),
+    "the loss and the logits returned, under a loss scale": dict(
+        make=_LossAndLogits, big=50.0, body=lambda m, x: (m(x)[0] * LOSS_SCALE).backward(),
+        want=(FAULT, "net.1", "module", "grad_input", "backward")),
 }
 
 

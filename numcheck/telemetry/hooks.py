@@ -162,6 +162,7 @@ class Hooks:
         self.cells: dict[str, list[list]] = {}
         self.mode: _OpMode | None = None
         self.root_seen = False   # a root forward ran under these hooks
+        self.ran = False   # a watched module's forward ran since the last step()
 
     # ---- attaching -----------------------------------------------------------------------
 
@@ -237,6 +238,7 @@ class Hooks:
         def hook(mod, args, kwargs):
             if not tel.enabled or tel.busy:
                 return
+            self.ran = True   # a forward this step (Telemetry.step warns where none ran)
             if root:
                 reads.forwards += 1
                 self.root_seen = True

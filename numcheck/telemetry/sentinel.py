@@ -25,7 +25,10 @@ tensor). There the model carries only this sentinel:
   parameters and buffers are copied, and ``step()`` replays the step: those values put back
   into the model, each forward run again from what its pre-hook kept with hooks.py's full hooks
   on, and its backward run from the kept gradients of the root's outputs
-  (``torch.autograd.grad``: the parameters' ``.grad`` are not touched). The replay names the
+  (``torch.autograd.grad``: the parameters' ``.grad`` are not touched), each seeded with what
+  entered it from outside the graph: an output the others are computed from (logits returned
+  beside a loss made of them) is seeded with its total less what the others send it, or its
+  gradient would count twice (``_external``). The replay names the
   producer as the full check would have on the live step; the model's values, modes and the
   generator states are put back afterwards.
 
@@ -107,6 +110,28 @@ def _grad_call(params: list[torch.Tensor]) -> bool | None:
         if runs:
             return False
     return None
+
+
+def _external(outs: list[torch.Tensor], totals: list[torch.Tensor]) -> list[torch.Tensor]:
+    """The gradients that entered the graph at each output from outside it, from the totals an
+    output's hook saw: an output the others depend on (logits, beside a loss computed from
+    them) receives their gradient through the graph too, and seeding the replay's backward
+    with its total would count that part twice. external_i = total_i - what the others'
+    external gradients send into output i; the outputs' dependencies are a DAG, so n - 1
+    rounds settle it (one where no output depends on another)."""
+    ext = list(totals)
+    for _ in range(len(outs) - 1):
+        new = []
+        for i, (o, total) in enumerate(zip(outs, totals)):
+            others = [j for j in range(len(outs)) if j != i]
+            flow = torch.autograd.grad([outs[j] for j in others], o, [ext[j] for j in others],
+                                       retain_graph=True, allow_unused=True)[0]
+            new.append(total if flow is None else total - flow)
+        settled = all(a is b or torch.equal(a, b) for a, b in zip(new, ext))
+        ext = new
+        if settled:
+            break
+    return ext
 
 
 def _set_buffer(root: nn.Module, name: str, value: torch.Tensor | None) -> None:
@@ -365,8 +390,12 @@ class Sentinel:
         leaves = [p for p in tel.model.parameters() if p.requires_grad] + \
             [a for a in tensors((entry.args, entry.kwargs)) if a.requires_grad]
         if pairs and leaves:
-            torch.autograd.grad([o for o, _ in pairs], leaves, [g for _, g in pairs],
-                                allow_unused=True)
+            tel.busy = True   # the hooks stand aside while the seeds are worked out
+            try:
+                seeds = _external([o for o, _ in pairs], [g for _, g in pairs])
+            finally:
+                tel.busy = False
+            torch.autograd.grad([o for o, _ in pairs], leaves, seeds, allow_unused=True)
 
     def named_nobody(self, step: int) -> None:
         warnings.warn(

@@ -21,6 +21,7 @@ is never called); the steps in between carry only the root's sentinel.
 """
 from __future__ import annotations
 
+import operator
 import warnings
 
 import torch
@@ -54,10 +55,26 @@ def _resolve(recipe) -> QuantRecipe | None:
         return None
     if isinstance(recipe, str):
         return get_recipe(recipe)
-    if all(hasattr(recipe, r) for r in ("x", "w", "grad")):
+    if _is_recipe(recipe):
         return recipe
     raise UsageError(f"watch: recipe {recipe!r}: give a name from numcheck.quant.recipe.RECIPES "
                      "or a QuantRecipe")
+
+
+def _is_recipe(obj) -> bool:
+    return all(hasattr(obj, r) for r in ("x", "w", "grad"))
+
+
+def _steps(every) -> int:
+    """``every`` as a positive int; a float (2.5) or a bool is refused, not truncated."""
+    try:
+        n = operator.index(every) if not isinstance(every, bool) else None
+    except TypeError:
+        n = None
+    if n is None or n < 1:
+        raise UsageError(f"watch: every={every!r}: give a positive int (record statistics on "
+                         "every n-th step)")
+    return n
 
 
 class Telemetry:
@@ -67,8 +84,9 @@ class Telemetry:
                  every: int = 1, enabled: bool = True, rank: int | None = None) -> None:
         if not isinstance(model, nn.Module):
             raise UsageError(f"watch: model must be an nn.Module, got {type(model).__name__}")
-        if int(every) < 1:
-            raise UsageError(f"watch: every={every}; give a positive int")
+        every = _steps(every)
+        if isinstance(what_if, str) or _is_recipe(what_if):  # one recipe, not a sequence
+            what_if = (what_if,)
         lazy = next((n for n, t in (*model.named_parameters(), *model.named_buffers())
                      if t.is_meta or isinstance(t, nn.parameter.UninitializedTensorMixin)), None)
         if lazy is not None:
@@ -76,7 +94,7 @@ class Telemetry:
                              "lazy module): no values to measure; watch the model once it is "
                              "materialized (to_empty() and its initialization, or a first "
                              "forward of its lazy modules)")
-        self.model, self.every, self.enabled, self.shadow = model, int(every), False, shadow
+        self.model, self.every, self.enabled, self.shadow = model, every, False, shadow
         self._closed = False
         main = _resolve(recipe)
         self.recipes = ([(getattr(main, "name", "recipe"), main, False)] if main else []) + \
@@ -151,6 +169,15 @@ class Telemetry:
         """Mark the end of a step: its statistics are read back to the host here, once (and a
         step ``every`` skipped is replayed with the full hooks where its sentinel saw a
         non-finite value: numcheck/telemetry/sentinel.py)."""
+        if self._closed:
+            raise UsageError("telemetry: step() after close(); start a new watch")
+        if self.enabled and self._armed in ("full", "sentinel") and not (
+                self.hooks.ran or self._sentinel.log):
+            warnings.warn(f"numcheck.telemetry: step {self.step_index} ended without a forward "
+                          "of the watched model (step() called twice, or the model run "
+                          "before watch()): nothing was measured for it", UserWarning,
+                          stacklevel=2)
+        self.hooks.ran = False
         self._replay_if_due()
         if self.acc.pending():
             self.acc.flush(self.step_index)

@@ -43,7 +43,7 @@ def test_telemetry(tele_model, request, numcheck):
     with pinned(STATE):
         t = ins.run(tele_model, recipe=RECIPE, what_if=what_if, shadow=True, steps=STEPS,
                     seed=SEED)
-    assert t.first_nonfinite() is None, f"{tele_model}: NaN/Inf at {t.first_nonfinite()}"
+    assert not t.first_nonfinite(), f"{tele_model}: NaN/Inf at {t.first_nonfinite()}"
     flags = " ".join(f"--what-if {w}" for w in what_if)
     numcheck.telemetry_floors(
         t, model=tele_model, inputs=("seed", SEED), device="cpu",  # ins.run trains on the CPU

@@ -92,7 +92,10 @@ def test_grid_is_small_stable_and_covers_the_features():
     spec = get_op("sdpa")
     quick, full = spec.grid("quick"), spec.grid("full")
     assert [c.id for c in quick] == [c.id for c in spec.grid("quick")]
-    assert len(quick) <= 20 and len(full) <= 10 * len(quick)
+    # the pairwise design and its feature rows stay small; the size-class probe (8193 keys,
+    # DESIGN rule 14; its ~8 s in docs/grid-audit.md) comes on top
+    assert len([c for c in quick if c.shape[4] <= 4096]) <= 20
+    assert len(full) <= 10 * len(quick)
     assert {c.dist for c in quick} == set(att.DISTS)
     assert {c.param("mask") for c in quick} == {None, "bool", "fully_masked_rows"}
     assert any(c.param("causal") for c in quick)

@@ -226,7 +226,9 @@ def test_the_hooks_record_every_role_and_leave_nothing_behind():
     model = nn.Sequential(nn.Linear(4, 6), nn.LayerNorm(6), nn.Linear(6, 2))
     hooks, acc = _hooks(model)
     hooks.attach()
-    assert len(hooks.handles) == 2 * 4 and len(hooks.weight_handles) == 3
+    # a forward pre- and post-hook per module; a gradient check per parameter (weights and
+    # biases: every parameter's gradient is checked, watched module or not)
+    assert len(hooks.handles) == 2 * 4 and len(hooks.weight_handles) == 6
     assert _left(model)
     x = torch.randn(3, 4, requires_grad=True)   # a leaf: its hook is dropped at the step's end
     model(x).sum().backward()

@@ -479,7 +479,7 @@ def _inspect(args: argparse.Namespace) -> int:
     page = ins.write_html(frame, out / "telemetry.html", producer=producer, title=title)
     print(f"records: {out / 'telemetry.parquet'} ({len(frame)} rows)"
           + (f"\nplot:    {png}" if png else "") + f"\npage:    {page}")
-    return EXIT_FAILED if where is not None else EXIT_OK
+    return EXIT_FAILED if where else EXIT_OK
 
 
 # --- init ---------------------------------------------------------------------------------------

@@ -12,7 +12,8 @@ from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["COLUMNS", "DERIVED", "FIELDS", "KEY", "ROLES", "NonFinite", "Telemetry", "classify",
+__all__ = ["COLUMNS", "DERIVED", "FIELDS", "KEY", "ROLES", "NonFinite", "NoProducer", "Telemetry",
+           "classify",
            "merge", "quant_stats", "tensor_stats", "watch"]
 
 
@@ -20,7 +21,7 @@ def __getattr__(name: str) -> Any:
     # Explicit imports, not a name -> module table: the import-graph test sees every edge.
     if name in ("COLUMNS", "DERIVED", "FIELDS", "KEY", "merge", "quant_stats", "tensor_stats"):
         from numcheck.telemetry import fields as home
-    elif name in ("ROLES", "NonFinite", "Telemetry", "classify", "watch"):
+    elif name in ("ROLES", "NonFinite", "NoProducer", "Telemetry", "classify", "watch"):
         from numcheck.telemetry import watcher as home
     else:
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -31,10 +31,30 @@ class _Where(NamedTuple):
 
 class NonFinite(_Where):
     """The first non-finite producer: a 5-tuple (step, module, op, role, pass_) that compares
-    equal to a plain tuple; ``inputs`` holds the statistics of what it consumed (its forward
-    inputs and own parameters, or its grad_output): n, n_nan, n_inf, amax, min_nonzero."""
+    equal to a plain tuple; ``inputs`` holds the statistics of what it consumed (forward: its
+    inputs and own parameters; backward: its grad_output and what the forward saved, the
+    call's inputs and own parameters): n, n_nan, n_inf, amax, min_nonzero."""
 
     inputs: dict
+
+
+class NoProducer(NamedTuple):
+    """Why ``first_nonfinite()`` names no producer; false in a boolean context, so ``if
+    t.first_nonfinite():`` reads as before. ``reason``: ``all_finite`` (every value the check
+    read was finite), ``propagated`` (the first non-finite value came in through a module's
+    inputs: with the data, or parameters made non-finite outside the model), ``outside``
+    (produced outside any module: the first non-finite gradient was already in a module's
+    grad_output, from the loss's backward, a loss scale or a ``torch.autograd.grad`` seed),
+    ``not_checked`` (the check never ran, and why), ``unattributed`` (rows hold NaN/Inf no
+    check saw made: a bare op's masked backward, docs/telemetry.md's caveats); ``step``: where the first non-finite value
+    was seen (None: none seen); ``detail``: one sentence for a person."""
+
+    reason: str
+    step: int | None
+    detail: str
+
+    def __bool__(self) -> bool:
+        return False
 
 
 class Accumulator:
@@ -53,6 +73,10 @@ class Accumulator:
         self.events: list[tuple] = []
         self.rows: list[dict] = []
         self.first: NonFinite | None = None
+        # the first checked call whose output was not finite, when it named nobody (its
+        # inputs were not finite either): (step, module, op, role, pass)
+        self.seen: tuple | None = None
+        self.nonfinite_rows = 0   # output and gradient rows so far holding a NaN or Inf
 
     def pending(self) -> bool:
         """Anything gathered in this step (rows or producer checks) that flush() would read."""
@@ -128,8 +152,16 @@ class Accumulator:
             self.rows.append({"step": step, "rank": self.rank, "module": k[0],
                               "op": k[1], "role": k[2], "pass": k[3], "recipe": k[4],
                               "what_if": k[5], **dict(zip(fields.NAMES, raw, strict=True))})
+        # rows of what modules made (outputs, gradients) holding NaN/Inf: an input row's -inf
+        # may be a mask (masked softmax's logits), consumed, never a fault by itself
+        self.nonfinite_rows += sum(r["n_nan"] + r["n_inf"] > 0 and r["role"] not in (
+            "input", "weight") for r in self.rows[-len(self.slots):]) if self.slots else 0
         hit = next((e for e in ev if (e[4] if e[4] is not None else
                                       finite(e[5], got) and not finite(e[6], got))), None)
+        if hit is None and self.seen is None:
+            bad = next((e for e in ev if not finite(e[6], got)), None)
+            if bad is not None:
+                self.seen = (step, *bad[:4])
         if hit is not None:
             first = NonFinite(step, *hit[:4])
             vec = plain_of(hit[5], got)

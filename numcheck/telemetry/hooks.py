@@ -194,14 +194,22 @@ class Hooks:
             tuple(id(c) for m in self.names for c in m._modules.values())
 
     def hook_weights(self) -> None:
+        """One hook on each parameter that needs a gradient, watched module or not: its
+        gradient is checked against the grad_outputs of every module holding it (a tied
+        embedding and head: both calls' shares are in the one gradient) and recorded as the
+        grad_weight row of each watched module whose weight it is."""
         for h in self.weight_handles:
             h.remove()
         self.weight_handles.clear()
+        holders: dict[int, tuple[torch.Tensor, list[str]]] = {}
         for m, name in self.names.items():
-            op = self.ops[m]
-            w = _weight(m) if op else None
-            if w is not None and w.requires_grad:
-                self.weight_handles.append(w.register_hook(self._wgrad(name, op)))
+            for p in m._parameters.values():
+                if p is not None and p.requires_grad and p.is_floating_point():
+                    holders.setdefault(id(p), (p, []))[1].append(name)
+        for p, names in holders.values():
+            rows = [(n, self.ops[m]) for m, n in self.names.items()
+                    if n in names and self.ops[m] and _weight(m) is p]
+            self.weight_handles.append(p.register_hook(self._wgrad(names, rows)))
         self.params = self.params_key()
 
     def keep(self, t: torch.Tensor, handle) -> None:
@@ -301,7 +309,7 @@ class Hooks:
                     if rec:
                         self.record_forward(mod, name, op, args, kwargs, ins, outs)
                 if torch.is_grad_enabled() and (tel.checking() or (op and tel.recording)):
-                    self._backward_hooks(name, op, ins, outs)
+                    self._backward_hooks(name, op, ins, outs, _own_params(mod))
             finally:
                 _remode(mode)
         return hook
@@ -332,7 +340,7 @@ class Hooks:
 
     # ---- the backward's hooks ------------------------------------------------------------
 
-    def _backward_hooks(self, name, op, ins, outs) -> None:
+    def _backward_hooks(self, name, op, ins, outs, params=()) -> None:
         """Tensor hooks for this call's backward: on its outputs (grad_output) and on its
         inputs that need a gradient (grad_input). Tensor hooks add no node to the graph, so
         the backward sums in the same order as without telemetry (module full backward hooks
@@ -340,7 +348,14 @@ class Hooks:
         called twice checks each call's grad_input against that call's grad_output. Hooks on
         leaf tensors (a Parameter fed to a module) outlive the graph: their handles are kept
         and removed at the step's end, on disable() and on close()."""
-        cell: list = [None]   # [the grad_outputs' observation]
+        # [the grad_outputs' observation, what the backward consumes besides: the call's
+        # floating inputs and own parameters (a weight gradient g^T x is not finite where x is
+        # not: a NaN that came with the data is not made by the last layer's backward)]
+        cell: list = [None, None]
+        if self.watch.checking():
+            with _NoGrad():
+                cell[1] = self.reads.observe([t for t in (*ins, *params)
+                                              if t.is_floating_point()])
         self.cells.setdefault(name, []).append(cell)
         for t in outs:
             if t.requires_grad:
@@ -365,8 +380,8 @@ class Hooks:
             gs = [grad_inputs[i] for i in edges if grad_inputs[i] is not None]
             if gs:
                 with _NoGrad():
-                    self.acc.event(name, op, "grad_input", "backward", cell[0],
-                                   self.reads.observe(gs))
+                    self.acc.event(name, op, "grad_input", "backward",
+                                   merge_obs(cell[0], cell[1]), self.reads.observe(gs))
             return None
         return hook
 
@@ -393,7 +408,8 @@ class Hooks:
                 return None
             with _NoGrad():
                 if check and tel.checking() and cell[0] is not None:
-                    self.acc.event(name, op, "grad_input", "backward", cell[0],
+                    self.acc.event(name, op, "grad_input", "backward",
+                                   merge_obs(cell[0], cell[1]),
                                    self.reads.observe([grad], full=op != "module"
                                                       and tel.recording))
                 if op != "module" and tel.recording:
@@ -401,24 +417,34 @@ class Hooks:
             return None
         return hook
 
-    def _wgrad(self, name, op):
+    def _wgrad(self, names: list[str], rows: list[tuple[str, str]]):
+        """The hook of a parameter held by the modules ``names`` (the first its owner, as
+        ``named_parameters`` names it; the others share it: tied weights); ``rows``: (name, op)
+        of the watched modules whose weight it is."""
         tel = self.watch
+        op = rows[0][1] if rows and rows[0][0] == names[0] else "module"
+        who = names[0] if len(names) == 1 else f"{names[0]} (tied: {', '.join(names[1:])})"
 
         def hook(grad):
             if not tel.enabled or tel.busy:
                 return None
+            if grad.layout is torch.sparse_coo:   # nn.Embedding(sparse=True): its values
+                grad = grad.coalesce()._values()
             with _NoGrad():
-                # the weight's gradient sums every call of the step: finite grad_outputs of
-                # all the calls whose backward has run, and a non-finite sum, name it
-                cells = [c[0] for c in self.cells.get(name, ()) if c[0] is not None]
+                # the gradient sums every call of the step, of every module holding it: finite
+                # grad_outputs of all the calls whose backward has run, and a non-finite sum,
+                # name it
+                cells = [merge_obs(c[0], c[1]) for n in names for c in self.cells.get(n, ())
+                         if c[0] is not None]
                 if tel.checking() and cells:
                     ins = cells[0]
                     for c in cells[1:]:
                         ins = merge_obs(ins, c)
-                    self.acc.event(name, op, "grad_weight", "backward", ins,
-                                   self.reads.observe([grad], full=tel.recording))
+                    self.acc.event(who, op, "grad_weight", "backward", ins,
+                                   self.reads.observe([grad], full=tel.recording and bool(rows)))
                 if tel.recording:
-                    self.acc.add(name, op, "grad_weight", grad)
+                    for name, row_op in rows:
+                        self.acc.add(name, row_op, "grad_weight", grad)
             return None
         return hook
 
@@ -431,7 +457,7 @@ class Hooks:
             # its backward rows (grad_output, grad_input): tensor hooks, recording only; the
             # backward producer check stays with the modules (an op's cell is not one of its
             # module's calls, whose weight gradient check reads them)
-            cell: list = [None]
+            cell: list = [None, None]
             for t in outs:
                 if t.requires_grad:
                     self.keep(t, t.register_hook(self._gout(name, op, cell)))

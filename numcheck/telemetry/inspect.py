@@ -16,7 +16,7 @@ import torch
 
 from numcheck.errors import UsageError
 from numcheck.telemetry.fields import merge
-from numcheck.telemetry.watcher import NonFinite, Telemetry, watch
+from numcheck.telemetry.watcher import NonFinite, NoProducer, Telemetry, watch
 
 # The per-layer table's columns: what a reader asks first of a layer's tensors.
 TABLE = ("amax", "dynamic_range_binades", "underflow_pct", "saturation_pct", "sqnr_db",
@@ -70,9 +70,9 @@ def table(frame, step: int | None = None) -> str:
     return last[cols].to_string(index=False, float_format=lambda v: f"{v:.4g}")
 
 
-def producer_line(where: NonFinite | None) -> str:
-    if where is None:
-        return "first non-finite producer: none (every tensor finite, or only propagated)"
+def producer_line(where: NonFinite | NoProducer) -> str:
+    if not where:
+        return f"first non-finite producer: none ({where.reason}: {where.detail})"
     ins = ", ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}"
                     for k, v in (where.inputs or {}).items())
     return (f"first non-finite producer: step {where.step}, {where.module} ({where.op}), "

@@ -29,7 +29,7 @@ from torch import nn
 
 from numcheck.errors import UsageError
 from numcheck.quant.recipe import QuantRecipe, get_recipe
-from numcheck.telemetry.accumulator import ROLES, Accumulator, NonFinite
+from numcheck.telemetry.accumulator import ROLES, Accumulator, NonFinite, NoProducer
 from numcheck.telemetry.hooks import ROOT, Hooks, classify
 from numcheck.telemetry.observation import StepReads
 from numcheck.telemetry.passes import all_finite
@@ -96,6 +96,9 @@ class Telemetry:
                              "forward of its lazy modules)")
         self.model, self.every, self.enabled, self.shadow = model, every, False, shadow
         self._closed = False
+        self._checked = 0   # steps that ran a forward under the check
+        self._told_rows = False   # the warning that rows hold NaN/Inf with no producer named
+        self._failed_replay: int | None = None   # the first step whose replay failed
         main = _resolve(recipe)
         self.recipes = ([(getattr(main, "name", "recipe"), main, False)] if main else []) + \
             [(getattr(r, "name", str(n)), r, True) for n, r in
@@ -177,10 +180,17 @@ class Telemetry:
                           "of the watched model (step() called twice, or the model run "
                           "before watch()): nothing was measured for it", UserWarning,
                           stacklevel=2)
+        self._checked += bool(self.enabled and (self.hooks.ran or self._sentinel.log))
         self.hooks.ran = False
         self._replay_if_due()
         if self.acc.pending():
             self.acc.flush(self.step_index)
+        if self.acc.first is None and self.acc.nonfinite_rows and not self._told_rows:
+            self._told_rows = True
+            why = self.first_nonfinite()
+            warnings.warn(f"numcheck.telemetry: rows up to step {self.step_index} hold NaN or "
+                          f"Inf and no producer is named: {why.detail}", RuntimeWarning,
+                          stacklevel=2)
         self.hooks.cells.clear()
         self.reads.clear()
         self._sentinel.clear()
@@ -196,10 +206,39 @@ class Telemetry:
     def to_parquet(self, path) -> None:
         self.records().to_parquet(path, index=False)
 
-    def first_nonfinite(self) -> NonFinite | None:
+    def first_nonfinite(self) -> NonFinite | NoProducer:
         """(step, module, op, role, pass) of the first module/op that made a NaN or Inf out of
-        finite inputs (forward: inputs and weight; backward: grad_output), or None."""
-        return self.acc.first
+        finite inputs (forward: inputs and weight; backward: grad_output); else a NoProducer
+        (false in a boolean context) saying why none is named."""
+        if self.acc.first is not None:
+            return self.acc.first
+        if self.acc.seen is not None:
+            step, module, op, role, pass_ = self.acc.seen
+            if pass_ == "forward":
+                return NoProducer("propagated", step, (
+                    f"the first non-finite value seen (step {step}) was already in the inputs "
+                    f"of {module} ({op}): it came with the data, or from parameters made "
+                    "non-finite outside the model (the optimizer)"))
+            return NoProducer("outside", step, (
+                f"the first non-finite gradient seen (step {step}) was already in the "
+                f"grad_output of {module} ({op}): produced outside any module's own "
+                "computation (the loss, inside the root's forward or after it; a loss scale; "
+                "a torch.autograd.grad seed)"))
+        if self._failed_replay is not None:
+            return NoProducer("not_checked", self._failed_replay, (
+                f"step {self._failed_replay} went non-finite between recorded steps and its "
+                f"replay failed (every={self.every}; its warning says why): watch with every=1"))
+        if not self._checked:
+            return NoProducer("not_checked", None, (
+                "no step ran a forward of the watched model under an enabled watch (step() "
+                "marks a step's end)"))
+        if self.acc.nonfinite_rows:
+            return NoProducer("unattributed", None, (
+                "output or gradient rows hold NaN or Inf that no producer check saw made (a "
+                "bare op's backward whose result was masked before any module consumed it, "
+                "or a module the check cannot see: docs/telemetry.md, caveats)"))
+        return NoProducer("all_finite", None, (
+            f"every value the check read in {self._checked} step(s) was finite"))
 
     # ---- what the hooks do this step -----------------------------------------------------
 
@@ -256,6 +295,8 @@ class Telemetry:
             self._replay()
         except Exception as exc:  # noqa: BLE001 - a diagnostic: the user's run goes on
             self.acc.discard()
+            if self._failed_replay is None:
+                self._failed_replay = self.step_index
             warnings.warn(f"numcheck.telemetry: the replay of step {self.step_index} failed "
                           f"({type(exc).__name__}: {exc}); no producer named for it",
                           RuntimeWarning, stacklevel=3)

@@ -123,3 +123,84 @@ def test_inspect_every_n_records_sampled_steps_and_still_names_the_producer(tmp_
     text = capsys.readouterr().out
     assert "first non-finite producer: step 2, act (module), output in the forward pass" in text
     assert set(pd.read_parquet(tmp_path / "o" / "telemetry.parquet")["step"]) == {0}
+
+
+NO_LOSS_METHOD = '''
+import torch
+from torch import nn
+
+
+class LossAndLogits(nn.Module):
+    """A model library's interface: model(x, labels=...) -> {"loss", "logits"}; no .loss."""
+
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.Linear(4, 3)
+
+    def forward(self, x, labels=None):
+        logits = self.lin(x)
+        out = {"logits": logits}
+        if labels is not None:
+            out["loss"] = nn.functional.cross_entropy(logits, labels)
+        return out
+
+
+class Task:
+    def __init__(self, labels=True):
+        self.labels = labels
+
+    def batch_at(self, seed, step):
+        g = torch.Generator().manual_seed(step)
+        x = torch.randn(8, 4, generator=g)
+        return {"x": x, "labels": torch.randint(0, 3, (8,), generator=g)} if self.labels \\
+            else {"x": x}
+
+
+def make(seed):
+    torch.manual_seed(seed)
+    return LossAndLogits(), Task(), 1e-3
+
+
+def make_unlabelled(seed):
+    torch.manual_seed(seed)
+    return LossAndLogits(), Task(labels=False), 1e-3
+
+
+def my_loss(model, batch):
+    return model(batch["x"])["logits"].pow(2).mean()
+'''
+
+
+@pytest.fixture
+def no_loss_method(tmp_path, monkeypatch):
+    (tmp_path / "noloss.py").write_text(NO_LOSS_METHOD)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    return tmp_path
+
+
+def test_inspect_takes_the_loss_from_the_models_output(no_loss_method, capsys):
+    """No .loss method: the dict output's "loss" (model libraries' labels= interface)."""
+    assert cli.main(["inspect", "--model", "noloss:make", "--steps", "2",
+                     "--out", str(no_loss_method / "o")]) == 0
+    assert "first non-finite producer: none (all_finite" in capsys.readouterr().out
+
+
+def test_inspect_without_a_loss_anywhere_is_a_usage_error(no_loss_method, capsys):
+    """It was a raw AttributeError traceback and exit 1 (which means a numerical failure)."""
+    assert cli.main(["inspect", "--model", "noloss:make_unlabelled", "--steps", "2",
+                     "--out", str(no_loss_method / "o")]) == 2
+    err = capsys.readouterr().err
+    assert "no loss method" in err and "--loss module:attr" in err and "Traceback" not in err
+
+
+def test_inspect_with_a_loss_callable(no_loss_method, capsys):
+    assert cli.main(["inspect", "--model", "noloss:make_unlabelled", "--loss", "noloss:my_loss",
+                     "--steps", "2", "--out", str(no_loss_method / "o")]) == 0
+    frame = pd.read_parquet(no_loss_method / "o" / "telemetry.parquet")
+    assert set(frame["step"]) == {0, 1}
+
+
+def test_inspect_with_a_loss_that_cannot_be_loaded_exits_2(no_loss_method, capsys):
+    assert cli.main(["inspect", "--model", "noloss:make", "--loss", "noloss:absent",
+                     "--steps", "1", "--out", str(no_loss_method / "o")]) == 2
+    assert "--loss 'noloss:absent': cannot load it" in capsys.readouterr().err

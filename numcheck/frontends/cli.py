@@ -441,6 +441,10 @@ def _report(args: argparse.Namespace) -> int:
                    help="another recipe measured on the same tensors (repeatable)"),
               _arg("--shadow", action="store_true",
                    help="float64 shadows: each layer's own error and the accumulated one"),
+              _arg("--loss", default=None, metavar="MODULE:ATTR",
+                   help="a callable (model, batch) -> loss; default: model.loss(batch), else "
+                        "the loss in model(batch)'s output (a 0-d tensor, .loss or "
+                        "['loss'])"),
               _arg("--steps", type=int, default=5),
               _arg("--every", type=int, default=1, metavar="N",
                    help="record statistics on every N-th step; the producer check covers "
@@ -467,7 +471,8 @@ def _inspect(args: argparse.Namespace) -> int:
         frame = ins.merge_files(args.merge)
     else:
         t = ins.run(args.model, recipe=args.recipe, what_if=tuple(args.what_if),
-                    shadow=args.shadow, steps=args.steps, every=args.every)
+                    shadow=args.shadow, steps=args.steps, every=args.every,
+                    loss=args.loss)
         frame, where = t.records(), t.first_nonfinite()
     frame.to_parquet(out / "telemetry.parquet", index=False)
     print(ins.table(frame))

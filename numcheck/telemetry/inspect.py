@@ -28,33 +28,81 @@ def load(ref: str, seed: int = 0):
     if ":" not in ref:
         from numcheck.convergence.models import build
         return build(ref, seed)
-    mod_name, attr = ref.split(":", 1)
-    try:
-        factory = getattr(importlib.import_module(mod_name), attr)
-    except (ImportError, AttributeError) as e:
-        raise UsageError(f"--model {ref!r}: cannot load it ({type(e).__name__}: {e}); give "
-                         f"module:attr of a callable seed -> (model, task, lr) on PYTHONPATH") from e
-    got = factory(seed)
+    attr = ref.split(":", 1)[1]
+    got = _callable(ref, "--model")(seed)
     if not (isinstance(got, tuple) and len(got) == 3 and isinstance(got[0], torch.nn.Module)):
         raise UsageError(f"--model {ref!r}: {attr}(seed) must return (model, task, lr)")
     return got
 
 
+def _callable(ref: str, what: str):
+    mod_name, _, attr = ref.partition(":")
+    try:
+        return getattr(importlib.import_module(mod_name), attr)
+    except (ImportError, AttributeError, ValueError) as e:
+        raise UsageError(f"{what} {ref!r}: cannot load it ({type(e).__name__}: {e}); give "
+                         "module:attr on PYTHONPATH") from e
+
+
+def _output_loss(out):
+    """The loss in a model's output: a 0-d tensor, or the ``loss`` of a dict / an object with
+    one (model libraries' ``model(..., labels=...)``), or the first item of a tuple when 0-d;
+    None when there is none."""
+    if isinstance(out, torch.Tensor):
+        return out if out.dim() == 0 else None
+    got = out.get("loss") if isinstance(out, dict) else getattr(out, "loss", None)
+    if isinstance(got, torch.Tensor) and got.dim() == 0:
+        return got
+    if isinstance(out, (tuple, list)) and out and isinstance(out[0], torch.Tensor) \
+            and out[0].dim() == 0:
+        return out[0]
+    return None
+
+
+def loss_of(model: torch.nn.Module, loss: str | None, ref: str):
+    """batch -> the step's loss: ``--loss module:attr`` (a callable (model, batch) -> loss),
+    else ``model.loss(batch)``, else the loss in ``model(batch)``'s output (``_output_loss``;
+    a tuple batch is spread as arguments, a dict as keywords)."""
+    if loss is not None:
+        fn = _callable(loss, "--loss")
+        return lambda batch: fn(model, batch)
+    if callable(getattr(model, "loss", None)):
+        return model.loss
+
+    def from_output(batch):
+        out = model(*batch) if isinstance(batch, tuple) else \
+            model(**batch) if isinstance(batch, dict) else model(batch)
+        got = _output_loss(out)
+        if got is None:
+            raise UsageError(
+                f"--model {ref!r}: {type(model).__name__} has no loss method and its output "
+                f"({type(out).__name__}) holds no 0-d loss; give --loss module:attr, a callable "
+                "(model, batch) -> loss")
+        return got
+    return from_output
+
+
 def run(ref: str, *, recipe=None, what_if=(), shadow: bool = False, steps: int = 5,
-        seed: int = 0, every: int = 1) -> Telemetry:
-    """Train ``ref`` for ``steps`` steps under ``watch`` (statistics on every ``every``-th);
-    a step whose loss is not finite ends the run (the first non-finite producer is what a
-    reader wants then)."""
+        seed: int = 0, every: int = 1, loss: str | None = None) -> Telemetry:
+    """Train ``ref`` for ``steps`` steps under ``watch`` (statistics on every ``every``-th),
+    the loss as ``loss_of`` finds it; a step whose loss is not finite ends the run (the first
+    non-finite producer is what a reader wants then)."""
     model, task, lr = load(ref, seed)
+    step_loss = loss_of(model, loss, ref)
     opt = torch.optim.AdamW(model.parameters(), lr=lr)
     with watch(model, recipe=recipe, shadow=shadow, what_if=what_if, every=every) as t:
         for step in range(steps):
-            loss = model.loss(task.batch_at(seed, step))
+            loss_value = step_loss(task.batch_at(seed, step))
+            if not isinstance(loss_value, torch.Tensor) or loss_value.dim() != 0:
+                got = (f"a tensor of shape {tuple(loss_value.shape)}"
+                       if isinstance(loss_value, torch.Tensor) else type(loss_value).__name__)
+                raise UsageError(f"the loss of --model {ref!r} is {got}; it must be a 0-d "
+                                 "tensor (--loss: a callable (model, batch) -> loss)")
             opt.zero_grad(set_to_none=True)
-            loss.backward()
+            loss_value.backward()
             opt.step()
             t.step()
-            if not torch.isfinite(loss.detach()).all():
+            if not torch.isfinite(loss_value.detach()).all():
                 break
     return t
 

@@ -83,3 +83,4 @@ def test_a_named_producer_is_still_a_true_five_tuple():
         t.step()
     nf = t.first_nonfinite()
     assert nf and nf == (0, "0", "linear", "output", "forward")
+

@@ -32,8 +32,9 @@ class _Where(NamedTuple):
 class NonFinite(_Where):
     """The first non-finite producer: a 5-tuple (step, module, op, role, pass_) that compares
     equal to a plain tuple; ``inputs`` holds the statistics of what it consumed (forward: its
-    inputs and own parameters; backward: its grad_output and what the forward saved, the
-    call's inputs and own parameters): n, n_nan, n_inf, amax, min_nonzero."""
+    inputs and the parameters of it and its submodules; backward: its grad_output and what
+    the forward saved, the call's inputs and those parameters): n, n_nan, n_inf, amax,
+    min_nonzero."""
 
     inputs: dict
 

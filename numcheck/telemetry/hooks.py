@@ -51,13 +51,6 @@ def _weight(m: nn.Module) -> torch.Tensor | None:
     return w if isinstance(w, torch.Tensor) else None
 
 
-def _own_params(m: nn.Module) -> list[torch.Tensor]:
-    """m.parameters(recurse=False) that are floating point (read from ``_parameters``: a
-    quarter of the generator's cost, once per module call)."""
-    ps = [p for p in m._parameters.values() if p is not None and p.is_floating_point()]
-    return list({id(p): p for p in ps}.values()) if len(ps) > 1 else ps
-
-
 def _eager(fn):
     """fn, run eagerly where Dynamo traces a compiled module's hooks (fn itself where Dynamo
     cannot be imported here: then nothing is compiled either; importing it costs ~1.5 s once)."""
@@ -170,6 +163,7 @@ class Hooks:
         # requires_grad) of each, checked at each root forward (a layer unfrozen later)
         self.weight_handles: list = []
         self.params: tuple = ()
+        self._subtree: dict = {}   # module -> the parameters its calls compute with
         self.leaf_handles: list = []     # tensor hooks on leaf tensors: removed at step end
         # running modules, innermost last: (name, the observation of its inputs read before
         # the forward ran, or None)
@@ -228,6 +222,17 @@ class Hooks:
                     if n in names and self.ops[m] and _weight(m) is p]
             self.weight_handles.append(p.register_hook(self._wgrad(names, rows)))
         self.params = self.params_key()
+        self._subtree = {}
+
+    def params_of(self, m: nn.Module) -> list[torch.Tensor]:
+        """The floating parameters a call of ``m`` computes with: its own and its submodules'
+        (a container is not the producer of an Inf the optimizer wrote into a child's weight),
+        listed once per arming (``hook_weights``)."""
+        got = self._subtree.get(m)
+        if got is None:
+            got = self._subtree[m] = list({id(p): p for p in m.parameters()
+                                           if p.is_floating_point()}.values())
+        return got
 
     def keep(self, t: torch.Tensor, handle) -> None:
         if t.grad_fn is None:   # a leaf: the hook would stay on it after the graph is gone
@@ -274,7 +279,7 @@ class Hooks:
             try:
                 if tel.checking():
                     # read before the forward runs: an in-place module changes its input
-                    ins = tensors(args) + tensors(kwargs) + _own_params(mod)
+                    ins = tensors(args) + tensors(kwargs) + self.params_of(mod)
                     if ins:   # full: a recorded row reads the same tensors next
                         with _NoGrad():
                             pre = reads.observe(ins, full=ops[mod] is not None
@@ -322,11 +327,11 @@ class Hooks:
                                                     fresh={id(t) for t in ins}))
                         else:
                             self.check(name, op or "module", "output", "forward",
-                                       ins + _own_params(mod), outs, full=rec)
+                                       ins + self.params_of(mod), outs, full=rec)
                     if rec:
                         self.record_forward(mod, name, op, args, kwargs, ins, outs)
                 if torch.is_grad_enabled() and (tel.checking() or (op and tel.recording)):
-                    self._backward_hooks(name, op, ins, outs, _own_params(mod))
+                    self._backward_hooks(name, op, ins, outs, self.params_of(mod))
             finally:
                 _remode(mode)
         return hook

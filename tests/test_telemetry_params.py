@@ -72,7 +72,7 @@ def _train(tied: bool, every: int | None):
 def test_an_embedding_only_gradient_overflow_is_named(every):
     nf, finite, warned, _ = _train(False, every)
     assert _train(False, None)[1] == finite == (False, True, True)  # the fault, unwatched too
-    assert nf == (FAULT, "embed", "module", "grad_weight", "backward")
+    assert nf == (FAULT, "embed", "embedding", "grad_weight", "backward")
     assert nf.inputs["n_inf"] == 0 and nf.inputs["n_nan"] == 0
     assert not [w for w in warned if "named no producer" in w]
 
@@ -81,7 +81,7 @@ def test_an_embedding_only_gradient_overflow_is_named(every):
 def test_a_tied_weight_is_named_by_its_owner_and_sharers(every):
     nf, finite, warned, df = _train(True, every)
     assert finite[0] is False and finite[1] is False  # one tensor
-    assert nf == (FAULT, "embed (tied: head)", "module", "grad_weight", "backward")
+    assert nf == (FAULT, "embed (tied: head)", "embedding", "grad_weight", "backward")
     assert not [w for w in warned if "named no producer" in w]
     # the head's grad_weight row is still recorded (the watched module whose weight it is)
     assert ((df.module == "head") & (df.role == "grad_weight")).any()

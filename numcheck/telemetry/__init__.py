@@ -3,7 +3,8 @@
 ``watch(model, recipe=None, shadow=False, what_if=(), every=1, *, enabled=True, rank=None)``
 returns a ``Telemetry`` (context manager): ``step()``, ``records()``, ``to_parquet(path)``,
 ``first_nonfinite()``, ``enable()`` / ``disable()`` / ``enabled``, ``close()``.
-``merge(frames)`` merges per-rank records (frames or parquet paths).
+``merge(frames)`` merges per-rank records (frames or parquet paths); ``register(cls, op)``
+watches a user's module class as an op.
 
 Names load on first use (PEP 562): the family's rules (``telemetry_rules``, torch-free) are read
 by ``numcheck compare`` / ``report`` without importing torch.
@@ -13,8 +14,7 @@ from __future__ import annotations
 from typing import Any
 
 __all__ = ["COLUMNS", "DERIVED", "FIELDS", "KEY", "ROLES", "NonFinite", "NoProducer", "Telemetry",
-           "classify",
-           "merge", "quant_stats", "tensor_stats", "watch"]
+           "classify", "merge", "quant_stats", "register", "tensor_stats", "watch"]
 
 
 def __getattr__(name: str) -> Any:
@@ -23,6 +23,8 @@ def __getattr__(name: str) -> Any:
         from numcheck.telemetry import fields as home
     elif name in ("ROLES", "NonFinite", "NoProducer", "Telemetry", "classify", "watch"):
         from numcheck.telemetry import watcher as home
+    elif name == "register":
+        from numcheck.telemetry import hooks as home
     else:
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
     value = globals()[name] = getattr(home, name)

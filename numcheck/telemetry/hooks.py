@@ -22,6 +22,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.overrides import TorchFunctionMode
 
+from numcheck.errors import UsageError
 from numcheck.telemetry._structs import tensors
 from numcheck.telemetry.observation import merge_obs
 
@@ -30,10 +31,34 @@ _OPS = {F.scaled_dot_product_attention: "sdpa", torch.softmax: "softmax",
         torch.Tensor.softmax: "softmax", F.softmax: "softmax"}
 
 
+# Module classes a user registered (``numcheck.telemetry.register``): class -> op, the first
+# match in registration order wins over the built-in classes below.
+_REGISTERED: dict[type, str] = {}
+
+
+def register(cls: type, op: str) -> None:
+    """Watch the modules of class ``cls`` (and its subclasses) as op ``op``: their inputs,
+    weight, outputs and gradients are recorded as rows under that op (adaLN modulation, a
+    rotary embedding, a gated MLP, a residual block of the user's). Registering a class again
+    replaces its op."""
+    if not (isinstance(cls, type) and issubclass(cls, nn.Module)):
+        raise UsageError(f"telemetry.register: {cls!r} is not an nn.Module subclass; register "
+                         "the module class whose calls should become rows")
+    if not (isinstance(op, str) and op.isidentifier()):
+        raise UsageError(f"telemetry.register({cls.__name__}, op={op!r}): give the op a name "
+                         "(an identifier such as 'modulate' or 'rope')")
+    _REGISTERED[cls] = op
+
+
 def classify(m: nn.Module) -> str | None:
     """The op a watched module records under, or None (not watched: producer checks only)."""
+    for cls, op in _REGISTERED.items():
+        if isinstance(m, cls):
+            return op
     if isinstance(m, nn.MultiheadAttention):
         return "attention"
+    if isinstance(m, (nn.Embedding, nn.EmbeddingBag)):
+        return "embedding"
     w = getattr(m, "weight", None)
     if isinstance(m, nn.Linear) or (hasattr(m, "in_features") and hasattr(m, "out_features")
                                     and isinstance(w, torch.Tensor) and w.dim() == 2):

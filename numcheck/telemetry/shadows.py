@@ -65,9 +65,9 @@ class Shadows:
 
     def __init__(self, model: nn.Module, ops: dict, on: bool, watch) -> None:
         self.model, self.on, self.watch = model, on, watch
-        # float64 copies of the norm and attention layers (a linear layer needs none)
+        # float64 copies of the watched layers but linear ones (F.linear in float64 needs none)
         self.layers = {m: copy.deepcopy(m).to(torch.float64) for m, op in ops.items()
-                       if on and op in ("norm", "attention")}
+                       if on and op not in (None, "linear")}
         self.rng_at: dict = {}   # module -> generator states before its live forward
         self.model64 = copy.deepcopy(model).to(torch.float64) if on else None
         # per watched module name: the whole-model copy's outputs of this forward, in call order

@@ -61,6 +61,15 @@ def _resolve(recipe) -> QuantRecipe | None:
                      "or a QuantRecipe")
 
 
+def _display_name(path: str, m: nn.Module) -> str:
+    """A module's name in rows and producers: its path without torch.compile's ``_orig_mod``
+    (the module a compiled wrapper holds takes the wrapper's path; the wrapper itself, whose
+    hooks see the same call from outside, is named ``<path> (compiled)``)."""
+    name = ".".join(p for p in path.split(".") if p and p != "_orig_mod") or ROOT
+    compiled = type(m).__name__ == "OptimizedModule"   # (not importing torch._dynamo here)
+    return f"{name} (compiled)" if compiled else name
+
+
 def _is_recipe(obj) -> bool:
     return all(hasattr(obj, r) for r in ("x", "w", "grad"))
 
@@ -117,7 +126,7 @@ class Telemetry:
         self._armed: str | None = None
         self._sentinel = Sentinel(self)
         self._devs: set = set()   # the model's accelerator devices, read when armed
-        self._names = names = {m: (n or ROOT) for n, m in model.named_modules()}
+        self._names = names = {m: _display_name(n, m) for n, m in model.named_modules()}
         ops = {m: classify(m) for m in names}
         self.reads = StepReads()
         self.acc = Accumulator(self.reads, self.recipes, rank)

@@ -204,3 +204,21 @@ def test_inspect_with_a_loss_that_cannot_be_loaded_exits_2(no_loss_method, capsy
     assert cli.main(["inspect", "--model", "noloss:make", "--loss", "noloss:absent",
                      "--steps", "1", "--out", str(no_loss_method / "o")]) == 2
     assert "--loss 'noloss:absent': cannot load it" in capsys.readouterr().err
+
+
+def test_the_heatmap_keeps_long_layer_names(tmp_path):
+    """The plot cut module labels (issue 32): the saved image's box now fits every label, so a
+    long name widens the image instead of being clipped."""
+    from PIL import Image
+
+    from numcheck.telemetry import inspect as ins
+
+    def width(name: str) -> int:
+        frame = pd.DataFrame({"step": [0, 1, 0, 1], "module": [name, name, "b", "b"],
+                              "role": "input", "what_if": False,
+                              "sqnr_db": [30.0, 31.0, 29.0, 28.0]})
+        path = ins.plot(frame, tmp_path / f"{len(name)}.png")
+        return Image.open(path).size[0]
+
+    short, long_ = width("a"), width("model.transformer.layers.23.self_attn.q_proj" * 2)
+    assert long_ > short + 300   # ~90 more characters at 7 pt, 110 dpi: ~ 5 px a character

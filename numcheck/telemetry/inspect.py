@@ -141,15 +141,19 @@ def plot(frame, path: Path, column: str = "sqnr_db") -> Path | None:
     if sel.empty:
         return None
     grid = sel.pivot_table(index="module", columns="step", values=column, aggfunc="min")
-    fig, ax = plt.subplots(figsize=(1.5 + 0.4 * grid.shape[1], 1 + 0.3 * grid.shape[0]))
+    # the cells' area grows with steps and layers (capped: 200 steps stay readable), the
+    # margin with the longest layer name; the saved image's box is fitted to every label
+    cols = min(grid.shape[1], 60)
+    fig, ax = plt.subplots(figsize=(1.5 + 0.25 * cols, 1 + 0.3 * grid.shape[0]))
     im = ax.imshow(grid.to_numpy(dtype=float), aspect="auto", cmap="RdYlGn")
     ax.set_yticks(range(len(grid.index)), grid.index, fontsize=7)
-    ax.set_xticks(range(len(grid.columns)), grid.columns)
+    every = max(1, -(-grid.shape[1] // 20))   # at most ~20 step labels
+    ticks = list(range(0, grid.shape[1], every))
+    ax.set_xticks(ticks, [grid.columns[i] for i in ticks], fontsize=7)
     ax.set_xlabel("step")
     ax.set_title(f"{column} per layer and step")
     fig.colorbar(im, ax=ax)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    fig.savefig(path, dpi=110, bbox_inches="tight")
     plt.close(fig)
     return path
 

@@ -27,6 +27,7 @@ from torch import nn
 from numcheck.errors import UsageError
 from numcheck.cases.inputs import seed_for
 from numcheck.convergence.data import Grammar, Latents, Teacher
+from numcheck.telemetry.hooks import register
 
 __all__ = ["MODELS", "build"]
 
@@ -62,6 +63,11 @@ def _rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor
     return x * cos + torch.cat((-x2, x1), dim=-1) * sin
 
 
+def _residual(x: torch.Tensor, h: torch.Tensor, gate: torch.Tensor | None = None) -> torch.Tensor:
+    """The residual add, gated in a DiT block (adaLN-Zero's gate)."""
+    return x + h if gate is None else x + gate * h
+
+
 def _attention(q, k, v, causal: bool) -> torch.Tensor:
     """Explicit softmax(QK^T / sqrt(d)) V in fp32 (outside the quantized GEMMs)."""
     q, k, v = q.float(), k.float(), v.float()
@@ -70,6 +76,13 @@ def _attention(q, k, v, causal: bool) -> torch.Tensor:
         n = s.shape[-1]
         s = s.masked_fill(torch.ones(n, n, dtype=torch.bool, device=s.device).triu(1), -math.inf)
     return torch.softmax(s, dim=-1) @ v
+
+
+# What telemetry watches between the linears of these models (numcheck.telemetry.register: the
+# calls become rows, with float64 shadows, under these ops; nothing changes unwatched)
+_rope = register(_rope, "rope")
+_attention = register(_attention, "attention")
+_residual = register(_residual, "residual")
 
 
 class LMBlock(nn.Module):
@@ -87,9 +100,9 @@ class LMBlock(nn.Module):
         b, s, d = x.shape
         q, k, v = self.qkv(self.norm1(x)).view(b, s, 3, self.heads, -1).permute(2, 0, 3, 1, 4)
         a = _attention(_rope(q.float(), cos, sin), _rope(k.float(), cos, sin), v, causal=True)
-        x = x + self.proj(a.transpose(1, 2).reshape(b, s, d))
+        x = _residual(x, self.proj(a.transpose(1, 2).reshape(b, s, d)))
         h = self.norm2(x)
-        return x + self.w_down(F.silu(self.w_gate(h)) * self.w_up(h))
+        return _residual(x, self.w_down(F.silu(self.w_gate(h)) * self.w_up(h)))
 
 
 class TinyLM(nn.Module):
@@ -125,6 +138,9 @@ def _modulate(x, shift, scale):
     return F.layer_norm(xf, xf.shape[-1:], eps=1e-6) * (1 + scale[:, None]) + shift[:, None]
 
 
+_modulate = register(_modulate, "modulate")
+
+
 class DiTBlock(nn.Module):
     def __init__(self, d: int, heads: int, hidden: int) -> None:
         super().__init__()
@@ -143,8 +159,8 @@ class DiTBlock(nn.Module):
         q, k, v = self.qkv(_modulate(x, sh1, sc1)).view(b, s, 3, self.heads, -1).permute(
             2, 0, 3, 1, 4)
         a = _attention(q, k, v, causal=False).transpose(1, 2).reshape(b, s, d)
-        x = x + g1[:, None] * self.proj(a)
-        return x + g2[:, None] * self.fc2(F.gelu(self.fc1(_modulate(x, sh2, sc2))))
+        x = _residual(x, self.proj(a), g1[:, None])
+        return _residual(x, self.fc2(F.gelu(self.fc1(_modulate(x, sh2, sc2)))), g2[:, None])
 
 
 class TinyDiT(nn.Module):

@@ -3,8 +3,8 @@
 ``watch(model, recipe=None, shadow=False, what_if=(), every=1, *, enabled=True, rank=None)``
 returns a ``Telemetry`` (context manager): ``step()``, ``records()``, ``to_parquet(path)``,
 ``first_nonfinite()``, ``enable()`` / ``disable()`` / ``enabled``, ``close()``.
-``merge(frames)`` merges per-rank records (frames or parquet paths); ``register(cls, op)``
-watches a user's module class as an op.
+``merge(frames)`` merges per-rank records (frames or parquet paths); ``register(target, op)``
+watches a module class, a function or "module:function" as an op.
 
 Names load on first use (PEP 562): the family's rules (``telemetry_rules``, torch-free) are read
 by ``numcheck compare`` / ``report`` without importing torch.

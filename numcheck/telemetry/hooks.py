@@ -7,15 +7,20 @@ that consume its inputs (the backward producer check, per call; no module full b
 they add graph nodes and change the gradients' last bits); watched modules (``classify``:
 linear, attention, norm) record their roles, their weight's gradient through a tensor hook on
 the parameter. While the root module's forward runs, a TorchFunctionMode records
-``F.scaled_dot_product_attention`` (op "sdpa") and softmax (op "softmax", the attention
-probabilities of models that write attention out, as the tiny models do) under the innermost
-module that called them. Nothing is read back from a device in a hook: ``step()`` reads a
+``F.scaled_dot_product_attention`` (op "sdpa"), softmax (op "softmax", the attention
+probabilities of models that write attention out, as the tiny models do) and the functions a
+user registered (``register``: a torch function, or a Python function through its wrapper)
+under the innermost module that called them: their rows, float64 shadows and producer checks,
+forward and backward, carry that op. Nothing is read back from a device in a hook: ``step()`` reads a
 step's statistics once (numcheck/telemetry/accumulator.py).
 
 Hooks that run inside the root's forward take the watch's own TorchFunctionMode off the mode
 stack while they work, so telemetry's own torch ops are not intercepted.
 """
 from __future__ import annotations
+
+import functools
+import importlib
 
 import torch
 import torch.nn.functional as F
@@ -34,26 +39,125 @@ _OPS = {F.scaled_dot_product_attention: "sdpa", torch.softmax: "softmax",
 # Module classes a user registered (``numcheck.telemetry.register``): class -> op, the first
 # match in registration order wins over the built-in classes below.
 _REGISTERED: dict[type, str] = {}
+# Built-in classes by name, for model libraries' modules numcheck does not import: rotary
+# embeddings (the cos/sin tables they return) and adaLN modulation modules.
+_BY_NAME = (("Rotary", "rope"), ("AdaLayerNorm", "modulate"), ("Modulation", "modulate"))
+# How many watches have their op mode entered: a registered function's wrapper reads this
+# plain int first, so an unwatched call (compiled by Dynamo too) costs one global read.
+_WATCHING = [0]
 
 
-def register(cls: type, op: str) -> None:
-    """Watch the modules of class ``cls`` (and its subclasses) as op ``op``: their inputs,
-    weight, outputs and gradients are recorded as rows under that op (adaLN modulation, a
-    rotary embedding, a gated MLP, a residual block of the user's). Registering a class again
-    replaces its op."""
-    if not (isinstance(cls, type) and issubclass(cls, nn.Module)):
-        raise UsageError(f"telemetry.register: {cls!r} is not an nn.Module subclass; register "
-                         "the module class whose calls should become rows")
+class _Observer(TorchFunctionMode):
+    """A torch-function mode that a registered Python function's wrapper tells about its calls
+    (``observed``): the watch's op mode, the float64 shadow's capture. While one is entered,
+    the wrappers look for it (``_WATCHING``)."""
+
+    def __enter__(self):
+        _WATCHING[0] += 1
+        return super().__enter__()
+
+    def __exit__(self, *exc):
+        _WATCHING[0] -= 1
+        return super().__exit__(*exc)
+
+    def observed(self, func, call: tuple, out) -> None:
+        """``func`` (a registered function's wrapper, op ``func.__numcheck_op__``) was called
+        with ``call`` = (args, kwargs) and returned ``out``."""
+        raise NotImplementedError
+
+
+def _function_op(fn, op: str):
+    """A Python function that, called while a watch's forward runs, reports its call to the
+    watch as op ``op`` (rows, shadow, producer checks); unwatched it only calls ``fn``."""
+
+    @functools.wraps(fn)
+    def wrapper(*args, **kwargs):
+        out = fn(*args, **kwargs)
+        if _WATCHING[0]:
+            for m in torch.overrides._get_current_function_mode_stack():
+                if isinstance(m, _Observer):
+                    m.observed(wrapper, (args, kwargs), out)
+        return out
+
+    wrapper.__numcheck_op__ = op
+    return wrapper
+
+
+def _torch_functions() -> frozenset:
+    """The functions torch hands to TorchFunctionMode (torch.add, torch.Tensor.mul, F.gelu)."""
+    global _OVERRIDABLE
+    if _OVERRIDABLE is None:
+        _OVERRIDABLE = frozenset(f for fs in torch.overrides.get_overridable_functions().values()
+                                 for f in fs)
+    return _OVERRIDABLE
+
+
+_OVERRIDABLE: frozenset | None = None
+
+
+def register(target, op: str):
+    """Watch ``target``'s calls as op ``op``: their inputs, weight (a module's), outputs and
+    gradients become rows under that op, with a float64 shadow, and the producer checks name
+    that op. ``target`` is
+
+    * an ``nn.Module`` subclass (its subclasses too): its modules are watched;
+    * a torch function (``torch.addcmul``, ``torch.Tensor.mul``): every call of it in a watched
+      forward (all of them: ``torch.add`` is every residual add and more);
+    * a Python function (adaLN's modulation, a RoPE, a gated residual): returns a wrapper that
+      reports its calls; the model must call the wrapper (``f = register(f, "rope")``);
+    * ``"package.module:function"``: that function, replaced in its module by the wrapper (for
+      library code that looks the name up there at call time).
+
+    Registering again replaces the op. Returns ``target`` (a class, a torch function) or the
+    wrapper."""
     if not (isinstance(op, str) and op.isidentifier()):
-        raise UsageError(f"telemetry.register({cls.__name__}, op={op!r}): give the op a name "
-                         "(an identifier such as 'modulate' or 'rope')")
-    _REGISTERED[cls] = op
+        raise UsageError(f"telemetry.register({getattr(target, '__name__', target)!r}, "
+                         f"op={op!r}): give the op a name (an identifier such as 'modulate' "
+                         "or 'rope')")
+    if isinstance(target, type):
+        if not issubclass(target, nn.Module):
+            raise UsageError(f"telemetry.register: {target!r} is not an nn.Module subclass; "
+                             "register a module class, a function or 'module:function'")
+        _REGISTERED[target] = op
+        return target
+    if isinstance(target, str):
+        return _register_path(target, op)
+    if hasattr(target, "__numcheck_op__"):   # a wrapper already
+        target.__numcheck_op__ = op
+        return target
+    if callable(target) and target in _torch_functions():
+        _OPS[target] = op
+        return target
+    if callable(target):
+        return _function_op(target, op)
+    raise UsageError(f"telemetry.register: {target!r} is neither a module class nor a "
+                     "function; register a module class, a function or 'module:function'")
+
+
+def _register_path(path: str, op: str):
+    mod_name, _, attr = path.partition(":")
+    try:
+        home = importlib.import_module(mod_name)
+        fn = getattr(home, attr)
+    except (ImportError, AttributeError, ValueError) as e:
+        raise UsageError(f"telemetry.register({path!r}): cannot load it ({type(e).__name__}: "
+                         f"{e}); give 'package.module:function'") from e
+    if isinstance(fn, type) or not callable(fn):
+        return register(fn, op)
+    wrapped = register(fn, op)
+    if wrapped is not fn:
+        setattr(home, attr, wrapped)
+    return wrapped
 
 
 def classify(m: nn.Module) -> str | None:
     """The op a watched module records under, or None (not watched: producer checks only)."""
     for cls, op in _REGISTERED.items():
         if isinstance(m, cls):
+            return op
+    name = type(m).__name__
+    for part, op in _BY_NAME:
+        if part in name:
             return op
     if isinstance(m, nn.MultiheadAttention):
         return "attention"
@@ -63,8 +167,7 @@ def classify(m: nn.Module) -> str | None:
     if isinstance(m, nn.Linear) or (hasattr(m, "in_features") and hasattr(m, "out_features")
                                     and isinstance(w, torch.Tensor) and w.dim() == 2):
         return "linear"  # nn.Linear and drop-ins (convergence.linear.QuantLinear)
-    if isinstance(m, (nn.LayerNorm, nn.RMSNorm, nn.GroupNorm)) or \
-            type(m).__name__.endswith("Norm"):
+    if isinstance(m, (nn.LayerNorm, nn.RMSNorm, nn.GroupNorm)) or name.endswith("Norm"):
         return "norm"
     return None
 
@@ -101,7 +204,7 @@ class _NoGrad:
             torch._C._set_grad_enabled(True)
 
 
-class _OpMode(TorchFunctionMode):
+class _OpMode(_Observer):
     def __init__(self, watch, on_op) -> None:
         super().__init__()
         self.watch, self.on_op = watch, on_op
@@ -111,25 +214,44 @@ class _OpMode(TorchFunctionMode):
         out = func(*args, **kwargs) if kwargs else func(*args)
         op = _OPS.get(func)
         if op is not None and not self.watch.busy:
-            self.on_op(op, (args, kwargs), out)
+            self.on_op(op, func, (args, kwargs), out)
         return out
 
+    def observed(self, func, call: tuple, out) -> None:
+        # a registered Python function returned (this mode is on the stack: take it off
+        # while telemetry's own ops run, when it is the innermost mode)
+        if self.watch.busy or not self.watch.enabled:
+            return
+        n = torch._C._len_torch_function_stack()
+        top = n and torch._C._get_function_stack_at(n - 1) is self
+        if top:
+            torch._C._pop_torch_function_stack()
+        try:
+            self.on_op(func.__numcheck_op__, func, call, out)
+        finally:
+            if top:
+                torch._C._push_on_torch_function_stack(self)
 
-def _data(op: str, call, ins: list[torch.Tensor]) -> list[torch.Tensor]:
-    """An op's input rows without its masks: sdpa's ``attn_mask`` is not data, and a softmax
-    input's masked entries (-inf, or finfo.min added: at most -max/2) are left out (they put
-    the row's amax at 3.4e38 and its range at 142 binades). NaN stays in."""
+
+def _inputs(op: str, call, ins: list[torch.Tensor]) -> list[torch.Tensor]:
+    """An op's data inputs: sdpa's ``attn_mask`` is not data (its rows, its backward)."""
+    if op != "sdpa":
+        return ins
     args, kwargs = call
-    if op == "sdpa":
-        mask = kwargs.get("attn_mask") if kwargs else None
-        if mask is None and len(args) > 3:
-            mask = args[3]
-        return [t for t in ins if t is not mask]
-    out = []
-    for t in ins:
-        low = t <= -torch.finfo(t.dtype).max / 2
-        out.append(t[~low] if bool(low.any()) else t)
-    return out
+    mask = kwargs.get("attn_mask") if kwargs else None
+    if mask is None and len(args) > 3:
+        mask = args[3]
+    return [t for t in ins if t is not mask]
+
+
+def _row_data(op: str, t: torch.Tensor) -> torch.Tensor:
+    """What an input row reads of t: a softmax input's masked entries (-inf, or finfo.min
+    added: at most -max/2) are left out (they put the row's amax at 3.4e38 and its range at
+    142 binades). NaN stays in."""
+    if op != "softmax":
+        return t
+    low = t <= -torch.finfo(t.dtype).max / 2
+    return t[~low] if bool(low.any()) else t
 
 
 def _remode(mode) -> None:
@@ -387,12 +509,13 @@ class Hooks:
 
     # ---- the backward's hooks ------------------------------------------------------------
 
-    def _backward_hooks(self, name, op, ins, outs, params=()) -> None:
+    def _backward_hooks(self, name, op, ins, outs, params=(), module_call=True) -> None:
         """Tensor hooks for this call's backward: on its outputs (grad_output) and on its
         inputs that need a gradient (grad_input). Tensor hooks add no node to the graph, so
         the backward sums in the same order as without telemetry (module full backward hooks
         do not: they change the last bits of the gradients). One cell per call: a module
-        called twice checks each call's grad_input against that call's grad_output. Hooks on
+        called twice checks each call's grad_input against that call's grad_output (and a
+        module's weight gradient against all of its calls': ``module_call``). Hooks on
         leaf tensors (a Parameter fed to a module) outlive the graph: their handles are kept
         and removed at the step's end, on disable() and on close()."""
         # [the grad_outputs' observation, what the backward consumes besides: the call's
@@ -403,7 +526,8 @@ class Hooks:
             with _NoGrad():
                 cell[1] = self.reads.observe([t for t in (*ins, *params)
                                               if t.is_floating_point()])
-        self.cells.setdefault(name, []).append(cell)
+        if module_call:
+            self.cells.setdefault(name, []).append(cell)
         for t in outs:
             if t.requires_grad:
                 self.keep(t, t.register_hook(self._gout(name, op, cell)))
@@ -412,7 +536,7 @@ class Hooks:
         if own:   # check this call's own share of each input's gradient, edge by edge
             for node, edges in own.items():
                 node.register_hook(self._edges(name, op or "module", cell, edges))
-        if own and not op:
+        if own and not (op and self.watch.recording):
             return   # such a hook would neither check (the node hooks do) nor record
         for t in need:
             self.keep(t, t.register_hook(self._gin(name, op or "module", cell,
@@ -495,27 +619,26 @@ class Hooks:
             return None
         return hook
 
-    def on_op(self, op: str, args, out) -> None:
-        """A function-level op (sdpa, softmax) under the innermost running module."""
+    def on_op(self, op: str, func, call, out) -> None:
+        """A function-level op (sdpa, softmax, a registered function ``func``) called with
+        ``call`` = (args, kwargs) under the innermost running module: its producer checks,
+        forward and backward, name the op; its rows (recording) leave masks out."""
         tel = self.watch
         name = self.stack[-1][0] if self.stack else ROOT
-        ins, outs = tensors(args), tensors(out)
-        if tel.recording and torch.is_grad_enabled():
-            # its backward rows (grad_output, grad_input): tensor hooks, recording only; the
-            # backward producer check stays with the modules (an op's cell is not one of its
-            # module's calls, whose weight gradient check reads them)
-            cell: list = [None, None]
-            for t in outs:
-                if t.requires_grad:
-                    self.keep(t, t.register_hook(self._gout(name, op, cell)))
-            for t in ins:
-                if t.requires_grad:
-                    self.keep(t, t.register_hook(self._gin(name, op, cell, check=False)))
-        with _NoGrad():   # (inside __torch_function__: the mode is off already)
+        ins, outs = tensors(call), tensors(out)
+        data = _inputs(op, call, ins)
+        if torch.is_grad_enabled() and (tel.checking() or tel.recording):
+            # its own cell, not one of its module's calls (whose weight gradient check reads
+            # those): the op's backward is checked against its own grad_outputs
+            self._backward_hooks(name, op, data, outs, module_call=False)
+        with _NoGrad():   # (the mode is off here: inside __torch_function__, or taken off)
             if tel.checking() and outs:
                 self.check(name, op, "output", "forward", ins, outs, tel.recording)
             if tel.recording:
-                for t in _data(op, args, ins):
-                    self.acc.add(name, op, "input", t)
-                for t in outs:
-                    self.acc.add(name, op, "output", t)
+                for t in data:
+                    self.acc.add(name, op, "input", _row_data(op, t))
+                extra = []
+                if outs and self.shadows.on:
+                    extra = self.shadows.op_extra(func, op, call, outs[0])
+                for i, t in enumerate(outs):
+                    self.acc.add(name, op, "output", t, extra if i == 0 else ())

@@ -1,6 +1,7 @@
 """The float64 shadows of ``watch(shadow=True)``: each watched layer's output in float64 on the
 live inputs (a linear layer: F.linear on its weights in float64; a norm or attention: a float64
-copy of the layer), and a whole-model float64 copy run on the root's inputs, whose watched
+copy of the layer; a function-level op such as sdpa or a registered function: the function on
+float64 copies of its arguments), and a whole-model float64 copy run on the root's inputs, whose watched
 layers' outputs the live ones are compared with (end to end). Their SQNR sums go into the
 output rows (passes.sqnr_pair: the sh_ and e2e_ fields of fields.FIELDS).
 
@@ -17,6 +18,7 @@ from torch import nn
 from torch.overrides import TorchFunctionMode
 
 from numcheck.telemetry._structs import map_tensors, tensors
+from numcheck.telemetry import hooks
 from numcheck.telemetry.hooks import ROOT, classify
 from numcheck.telemetry.passes import sqnr_pair
 from numcheck.telemetry.rng import own_rng, rng_states, set_rng_states
@@ -43,6 +45,38 @@ class KeepFP64(TorchFunctionMode):
                     kwargs["dtype"].is_floating_point:
                 kwargs = {k: v for k, v in kwargs.items() if k != "dtype"}
         return func(*args, **kwargs) if kwargs else func(*args)
+
+
+class _Capture(KeepFP64, hooks._Observer):
+    """KeepFP64 for the whole-model copy, keeping the first output of each function-level op
+    it runs (hooks._OPS, registered functions) in call order: op -> [outputs]."""
+
+    def __init__(self, into: dict) -> None:
+        super().__init__()
+        self.into = into
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        out = super().__torch_function__(func, types, args, kwargs)
+        op = hooks._OPS.get(func)
+        if op is not None:
+            self._keep(op, out)
+        return out
+
+    def observed(self, func, call, out) -> None:
+        self._keep(func.__numcheck_op__, out)
+
+    def _keep(self, op, out) -> None:
+        got = tensors(out)
+        if got:
+            self.into.setdefault(op, []).append(got[0].detach())
+
+
+def _dropout(op: str, call) -> bool:
+    """sdpa with dropout: a float64 call would draw another mask (no shadow then)."""
+    if op != "sdpa":
+        return False
+    args, kwargs = call
+    return bool((kwargs or {}).get("dropout_p", args[4] if len(args) > 4 else 0.0))
 
 
 def to64(obj):
@@ -72,6 +106,8 @@ class Shadows:
         self.model64 = copy.deepcopy(model).to(torch.float64) if on else None
         # per watched module name: the whole-model copy's outputs of this forward, in call order
         self.e2e_out: dict[str, list[torch.Tensor]] = {}
+        # per function-level op: the whole-model copy's first outputs, in call order
+        self.e2e_ops: dict[str, list[torch.Tensor]] = {}
         self.handles: list = []   # on the float64 copy
         if self.model64 is not None:
             for n, m in self.model64.named_modules():
@@ -99,6 +135,33 @@ class Shadows:
         if pending:
             extra += sqnr_pair(out, pending.pop(0), "e2e")
         return extra
+
+    def op_extra(self, func, op: str, call, out: torch.Tensor) -> list:
+        """The shadow fields of a function-level op's first output: the function on float64
+        copies of its arguments (sh_), the whole-model copy's call of it in the same place of
+        the call order (e2e_; none where the shapes disagree: the order differed)."""
+        extra = []
+        ref = None if func is None or _dropout(op, call) else self._call64(func, call)
+        if ref is not None and ref.shape == out.shape:
+            extra += sqnr_pair(out, ref, "sh")
+        pending = self.e2e_ops.get(op)
+        if pending:
+            ref = pending.pop(0)
+            if ref.shape == out.shape and not _dropout(op, call):
+                extra += sqnr_pair(out, ref, "e2e")
+        return extra
+
+    def _call64(self, func, call) -> torch.Tensor | None:
+        args, kwargs = call
+        ins = tensors(call)
+        dev = ins[0].device.type if ins else "cpu"
+        self.watch.busy = True
+        try:
+            with torch.no_grad(), torch.autocast(dev, enabled=False), KeepFP64():
+                out = tensors(func(*to64(args), **to64(kwargs or {})))
+            return out[0] if out else None
+        finally:
+            self.watch.busy = False
 
     def layer_ref(self, mod, op, args, kwargs) -> torch.Tensor | None:
         """The layer's own output in float64 on the same inputs (its weights copied to fp64;
@@ -142,11 +205,12 @@ class Shadows:
         its watched modules' outputs wait in ``e2e_out`` for the live ones."""
         m64 = self.model64
         self.e2e_out.clear()
+        self.e2e_ops.clear()
         params = tensors(args) + tensors(kwargs)
         dev = params[0].device.type if params else "cpu"
         self.watch.busy = True
         try:
-            with torch.no_grad(), torch.autocast(dev, enabled=False), KeepFP64():
+            with torch.no_grad(), torch.autocast(dev, enabled=False), _Capture(self.e2e_ops):
                 for d, s in zip(m64.state_dict().values(), self.model.state_dict().values(),
                                 strict=True):
                     d.copy_(s.detach())

@@ -4,6 +4,8 @@ non-finite producer (forward and backward) behind layers that only propagate it,
 telemetry, and hooks that leave with the watch."""
 from __future__ import annotations
 
+import warnings
+
 import math
 
 import numpy as np
@@ -609,18 +611,23 @@ def test_an_output_written_through_data_is_read_again_not_taken_from_the_step_me
     assert nf.inputs["amax"] == pytest.approx(40.0)   # what it read before the write
 
 
-def test_a_torch_compiled_submodule_is_watched():
-    # Dynamo would trace the hooks and fail ("already tracked for mutation"): they run eagerly
+@pytest.mark.parametrize("inside", [False, True], ids=["boundary", "inside"])
+def test_a_torch_compiled_submodule_is_watched(inside):
+    # From its boundary (default), or with hooks inside that Dynamo would trace and fail on
+    # ("already tracked for mutation"): they run eagerly (tests/test_telemetry_compiled.py)
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(8, 8), nn.LayerNorm(8), nn.Linear(8, 2))
     model[1] = torch.compile(model[1], backend="eager")   # Dynamo alone: no inductor build
-    with telemetry.watch(model, recipe="mxfp8", every=2) as t:
-        for step in range(4):
-            x = torch.randn(4, 8) * (1e30 if step == 3 else 1.0)   # eager LayerNorm: x^2 = inf
-            model(x).sum().backward()
-            t.step()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)   # what watching a compiled module does
+        with telemetry.watch(model, recipe="mxfp8", every=2, inside_compiled=inside) as t:
+            for step in range(4):
+                x = torch.randn(4, 8) * (1e30 if step == 3 else 1.0)   # eager LayerNorm: inf
+                model(x).sum().backward()
+                t.step()
     rows = t.records()
     # named as the module the user wrote (torch.compile's "_orig_mod" is not in the names)
     assert {"norm", "linear"} <= set(rows.op) and "1" in set(rows.module)
     assert not any("_orig_mod" in n for n in rows.module)
-    assert t.first_nonfinite() == (3, "1", "norm", "output", "forward")
+    want = ("1", "norm") if inside else ("1 (compiled)", "compiled")
+    assert t.first_nonfinite() == (3, *want, "output", "forward")

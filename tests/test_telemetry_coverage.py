@@ -86,8 +86,8 @@ def test_a_bad_registration_is_a_usage_error(cls, op, says):
 def test_a_compiled_root_is_named_without_orig_mod():
     """``watch(torch.compile(model))``: rows and producers carry the names the user wrote
     (torch.compile's ``_orig_mod`` segment was in every name); the wrapper's own producer check
-    is ``<model> (compiled)``. (The watched program still differs from the unwatched one: the
-    hooks run eagerly, between graphs; docs/telemetry.md.)"""
+    is ``<model> (compiled)``. (Watched from the region's boundary, the layers inside keep their
+    weight rows: tests/test_telemetry_compiled.py.)"""
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(8, 8), nn.LayerNorm(8), nn.Linear(8, 2))
     compiled = torch.compile(model, backend="eager")   # Dynamo alone: no inductor build

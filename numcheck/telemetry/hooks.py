@@ -152,6 +152,8 @@ def _register_path(path: str, op: str):
 
 def classify(m: nn.Module) -> str | None:
     """The op a watched module records under, or None (not watched: producer checks only)."""
+    if compiled_region(m):
+        return "compiled"   # (its __getattr__ would show the compiled module's weight)
     for cls, op in _REGISTERED.items():
         if isinstance(m, cls):
             return op
@@ -170,6 +172,12 @@ def classify(m: nn.Module) -> str | None:
     if isinstance(m, (nn.LayerNorm, nn.RMSNorm, nn.GroupNorm)) or name.endswith("Norm"):
         return "norm"
     return None
+
+
+def compiled_region(m: nn.Module) -> bool:
+    """m is a ``torch.compile`` wrapper (OptimizedModule): its hooks run outside the compiled
+    program, its ``_orig_mod``'s modules inside it."""
+    return type(m).__name__ == "OptimizedModule"   # (not importing torch._dynamo here)
 
 
 def _weight(m: nn.Module) -> torch.Tensor | None:
@@ -302,9 +310,20 @@ class Hooks:
     ``checking()`` (the producer check runs), ``every``."""
 
     def __init__(self, watch, root: nn.Module, names: dict, ops: dict, reads, acc, shadows,
-                 sentinel) -> None:
+                 sentinel, region_of: dict | None = None) -> None:
         self.watch, self.root, self.names, self.ops = watch, root, names, ops
         self.reads, self.acc, self.shadows, self.sentinel = reads, acc, shadows, sentinel
+        # modules inside a compiled region watched from its boundary -> the region's wrapper
+        # (no hook on them: a hook inside a compiled program breaks its graph)
+        self.region_of: dict = region_of or {}
+        # per region wrapper: (name, op, weight) of the watched layers inside it (their
+        # weight rows, recorded at the region's forward)
+        self.region_weights: dict = {}
+        for m, region in self.region_of.items():
+            w = _weight(m)
+            if ops[m] and w is not None:
+                self.region_weights.setdefault(region, []).append((names[m], ops[m], w))
+        self.suspended: list = []   # the op mode, taken off while a compiled region runs
         self.handles: list = []          # the module hooks, while attached
         # the weights' gradient hooks, and the parameters they were put on: (id,
         # requires_grad) of each, checked at each root forward (a layer unfrozen later)
@@ -326,7 +345,8 @@ class Hooks:
 
     def attach(self) -> None:
         for m, name in self.names.items():
-            self._attach(m, name, self.ops[m], m is self.root)
+            if m not in self.region_of:
+                self._attach(m, name, self.ops[m], m is self.root)
         self.hook_weights()
 
     def detach(self) -> None:
@@ -364,10 +384,14 @@ class Hooks:
             for p in m._parameters.values():
                 if p is not None and p.requires_grad and p.is_floating_point():
                     holders.setdefault(id(p), (p, []))[1].append(name)
+        regions = {self.names[m]: self.names[r] for m, r in self.region_of.items()}
         for p, names in holders.values():
             rows = [(n, self.ops[m]) for m, n in self.names.items()
                     if n in names and self.ops[m] and _weight(m) is p]
-            self.weight_handles.append(p.register_hook(self._wgrad(names, rows)))
+            # the calls whose grad_outputs its gradient comes from: its holders' calls, or
+            # the compiled region's around them
+            calls = list(dict.fromkeys(regions.get(n, n) for n in names))
+            self.weight_handles.append(p.register_hook(self._wgrad(names, rows, calls)))
         self.params = self.params_key()
         self._subtree = {}
 
@@ -390,7 +414,31 @@ class Hooks:
             h.remove()
         self.leaf_handles.clear()
 
+    def _boundary(self, m) -> bool:
+        """m is a compiled region watched from its boundary (its modules carry no hook)."""
+        return compiled_region(m) and m._orig_mod in self.region_of
+
+    def suspend(self) -> None:
+        """Take the op mode off while a compiled region runs: Dynamo would trace it (and the
+        registered functions' wrappers, which look for it) into the compiled program."""
+        m = self.mode
+        n = torch._C._len_torch_function_stack()
+        if m is not None and n and torch._C._get_function_stack_at(n - 1) is m:
+            torch._C._pop_torch_function_stack()
+            _WATCHING[0] -= 1
+            self.suspended.append(m)
+        else:
+            self.suspended.append(None)
+
+    def resume(self) -> None:
+        m = self.suspended.pop()
+        if m is not None and m is self.mode:
+            torch._C._push_on_torch_function_stack(m)
+            _WATCHING[0] += 1
+
     def exit_mode(self) -> None:
+        while self.suspended:   # a compiled region's forward that raised
+            self.resume()
         if self.mode is not None:
             mode, self.mode = self.mode, None
             mode.__exit__(None, None, None)
@@ -441,8 +489,11 @@ class Hooks:
                 if shadows.model64 is not None and tel.recording:
                     shadows.run_model(args, kwargs)
                 self.exit_mode()
-                self.mode = _OpMode(tel, self.on_op)
-                self.mode.__enter__()
+                if not self._boundary(mod):
+                    self.mode = _OpMode(tel, self.on_op)
+                    self.mode.__enter__()
+            elif self._boundary(mod):
+                self.suspend()
         return hook
 
     def _post(self, name, op, root):
@@ -454,6 +505,8 @@ class Hooks:
                 pre = self.stack.pop()[1]
             if root:
                 self.exit_mode()
+            elif self.suspended and self._boundary(mod):
+                self.resume()
             if not tel.enabled or tel.busy:
                 return
             mode = self._unmode()
@@ -498,6 +551,8 @@ class Hooks:
         w = _weight(mod)
         if w is not None:
             acc.add(name, op, "weight", w)
+        for inner, inner_op, inner_w in self.region_weights.get(mod, ()):
+            acc.add(inner, inner_op, "weight", inner_w)
         if not outs:
             return
         extra = []
@@ -588,10 +643,11 @@ class Hooks:
             return None
         return hook
 
-    def _wgrad(self, names: list[str], rows: list[tuple[str, str]]):
+    def _wgrad(self, names: list[str], rows: list[tuple[str, str]], calls: list[str]):
         """The hook of a parameter held by the modules ``names`` (the first its owner, as
         ``named_parameters`` names it; the others share it: tied weights); ``rows``: (name, op)
-        of the watched modules whose weight it is."""
+        of the watched modules whose weight it is; ``calls``: the modules whose calls'
+        grad_outputs it is checked against (``names``, or their compiled region)."""
         tel = self.watch
         op = rows[0][1] if rows and rows[0][0] == names[0] else "module"
         who = names[0] if len(names) == 1 else f"{names[0]} (tied: {', '.join(names[1:])})"
@@ -605,7 +661,7 @@ class Hooks:
                 # the gradient sums every call of the step, of every module holding it: finite
                 # grad_outputs of all the calls whose backward has run, and a non-finite sum,
                 # name it
-                cells = [merge_obs(c[0], c[1]) for n in names for c in self.cells.get(n, ())
+                cells = [merge_obs(c[0], c[1]) for n in calls for c in self.cells.get(n, ())
                          if c[0] is not None]
                 if tel.checking() and cells:
                     ins = cells[0]

@@ -10,6 +10,7 @@ hooks); their weights and train/eval modes are refreshed from the live model at 
 """
 from __future__ import annotations
 
+import contextlib
 import copy
 
 import torch
@@ -71,6 +72,15 @@ class _Capture(KeepFP64, hooks._Observer):
             self.into.setdefault(op, []).append(got[0].detach())
 
 
+def _eager_stance():
+    """The float64 copy of a compiled model runs eagerly: compiling it would add graphs to the
+    user's process (and change nothing it measures)."""
+    try:
+        return torch.compiler.set_stance("force_eager")
+    except Exception:  # noqa: BLE001 - a torch without compiler stances: nothing compiled
+        return contextlib.nullcontext()
+
+
 def _dropout(op: str, call) -> bool:
     """sdpa with dropout: a float64 call would draw another mask (no shadow then)."""
     if op != "sdpa":
@@ -101,7 +111,7 @@ class Shadows:
         self.model, self.on, self.watch = model, on, watch
         # float64 copies of the watched layers but linear ones (F.linear in float64 needs none)
         self.layers = {m: copy.deepcopy(m).to(torch.float64) for m, op in ops.items()
-                       if on and op not in (None, "linear")}
+                       if on and op not in (None, "linear", "compiled")}
         self.rng_at: dict = {}   # module -> generator states before its live forward
         self.model64 = copy.deepcopy(model).to(torch.float64) if on else None
         # per watched module name: the whole-model copy's outputs of this forward, in call order
@@ -210,7 +220,8 @@ class Shadows:
         dev = params[0].device.type if params else "cpu"
         self.watch.busy = True
         try:
-            with torch.no_grad(), torch.autocast(dev, enabled=False), _Capture(self.e2e_ops):
+            with torch.no_grad(), torch.autocast(dev, enabled=False), _eager_stance(), \
+                    _Capture(self.e2e_ops):
                 for d, s in zip(m64.state_dict().values(), self.model.state_dict().values(),
                                 strict=True):
                     d.copy_(s.detach())

@@ -30,7 +30,7 @@ from torch import nn
 from numcheck.errors import UsageError
 from numcheck.quant.recipe import QuantRecipe, get_recipe
 from numcheck.telemetry.accumulator import ROLES, Accumulator, NonFinite, NoProducer
-from numcheck.telemetry.hooks import ROOT, Hooks, classify
+from numcheck.telemetry.hooks import ROOT, Hooks, classify, compiled_region
 from numcheck.telemetry.observation import StepReads
 from numcheck.telemetry.passes import all_finite
 from numcheck.telemetry.rng import devices, rng_states, set_rng_states
@@ -66,8 +66,27 @@ def _display_name(path: str, m: nn.Module) -> str:
     (the module a compiled wrapper holds takes the wrapper's path; the wrapper itself, whose
     hooks see the same call from outside, is named ``<path> (compiled)``)."""
     name = ".".join(p for p in path.split(".") if p and p != "_orig_mod") or ROOT
-    compiled = type(m).__name__ == "OptimizedModule"   # (not importing torch._dynamo here)
-    return f"{name} (compiled)" if compiled else name
+    return f"{name} (compiled)" if compiled_region(m) else name
+
+
+def _regions(model: nn.Module) -> dict:
+    """The modules inside torch.compile'd regions (an OptimizedModule's ``_orig_mod`` and its
+    submodules) -> the region's wrapper."""
+    inside = {}
+    for m in model.modules():
+        if compiled_region(m):
+            for sub in m._orig_mod.modules():
+                inside.setdefault(sub, m)
+    return inside
+
+
+def _dynamo_counts() -> tuple[int, int]:
+    """(graphs compiled, graph breaks) so far in this process, by Dynamo's own counters."""
+    try:
+        from torch._dynamo.utils import counters
+    except Exception:  # noqa: BLE001 - a torch build without Dynamo
+        return 0, 0
+    return counters["stats"]["unique_graphs"], sum(counters["graph_break"].values())
 
 
 def _is_recipe(obj) -> bool:
@@ -90,7 +109,8 @@ class Telemetry:
     """What ``watch`` returns; see the module doc and docs/telemetry.md."""
 
     def __init__(self, model: nn.Module, recipe=None, shadow: bool = False, what_if=(),
-                 every: int = 1, enabled: bool = True, rank: int | None = None) -> None:
+                 every: int = 1, enabled: bool = True, rank: int | None = None,
+                 inside_compiled: bool = False) -> None:
         if not isinstance(model, nn.Module):
             raise UsageError(f"watch: model must be an nn.Module, got {type(model).__name__}")
         every = _steps(every)
@@ -128,12 +148,25 @@ class Telemetry:
         self._devs: set = set()   # the model's accelerator devices, read when armed
         self._names = names = {m: _display_name(n, m) for n, m in model.named_modules()}
         ops = {m: classify(m) for m in names}
+        regions = _regions(model)
+        # inside_compiled: the per-layer hooks inside compiled regions, and Dynamo's counts
+        # before them (the first step() says what watching did to the compiled program)
+        self._compiled_from = _dynamo_counts() if regions and inside_compiled else None
+        if regions and not inside_compiled:
+            outer = sorted({names[r] for r in regions.values()})
+            warnings.warn(
+                f"numcheck.telemetry: {', '.join(outer)}: a torch.compile region, watched from "
+                f"the compiled region's boundary (op 'compiled': its inputs, outputs and their "
+                f"gradients; the weights and weight gradients of the {len(regions)} modules "
+                "inside), so the compiled program stays the unwatched one; watch(..., "
+                "inside_compiled=True) for per-layer rows, at the cost of graph breaks "
+                "(docs/telemetry.md)", UserWarning, stacklevel=3)
         self.reads = StepReads()
         self.acc = Accumulator(self.reads, self.recipes, rank)
         # float64 shadows, copied before any hook of ours exists (deepcopy copies hooks)
         self.shadows = Shadows(model, ops, shadow, self)
         self.hooks = Hooks(self, model, names, ops, self.reads, self.acc, self.shadows,
-                           self._sentinel)
+                           self._sentinel, {} if inside_compiled else regions)
         # for numcheck/telemetry/sentinel.py
         self._params_key, self._keep = self.hooks.params_key, self.hooks.keep
         if enabled:
@@ -190,6 +223,16 @@ class Telemetry:
                           "before watch()): nothing was measured for it", UserWarning,
                           stacklevel=2)
         self._checked += bool(self.enabled and (self.hooks.ran or self._sentinel.log))
+        if self._compiled_from is not None and self.hooks.ran:
+            graphs, breaks = (a - b for a, b in zip(_dynamo_counts(), self._compiled_from,
+                                                    strict=True))
+            self._compiled_from = None
+            warnings.warn(f"numcheck.telemetry: watching inside the compiled regions changed "
+                          f"the compiled program: Dynamo compiled {graphs} graph(s) and broke "
+                          f"{breaks} time(s) in step {self.step_index} (the per-layer hooks run "
+                          "eagerly, between graphs); compare with an unwatched step, or watch "
+                          "from the regions' boundaries (inside_compiled=False)", UserWarning,
+                          stacklevel=2)
         self.hooks.ran = False
         self._replay_if_due()
         if self.acc.pending():
@@ -336,9 +379,13 @@ class Telemetry:
 
 
 def watch(model: nn.Module, recipe=None, shadow: bool = False, what_if=(), every: int = 1, *,
-          enabled: bool = True, rank: int | None = None) -> Telemetry:
+          enabled: bool = True, rank: int | None = None,
+          inside_compiled: bool = False) -> Telemetry:
     """Attach telemetry to ``model`` (docs/telemetry.md); use as a context manager, or call
     ``close()``. ``recipe``/``what_if``: QuantRecipe names (numcheck.quant.recipe.RECIPES) or
     objects; ``every``: record statistics on every n-th step (the producer check covers every
-    step: in between, numcheck/telemetry/sentinel.py); ``enabled=False`` attaches disabled; ``rank`` defaults to torch.distributed's."""
-    return Telemetry(model, recipe, shadow, what_if, every, enabled, rank)
+    step: in between, numcheck/telemetry/sentinel.py); ``enabled=False`` attaches disabled; ``rank`` defaults to torch.distributed's.
+    ``inside_compiled``: a ``torch.compile``d model (or submodule) is watched from its compiled
+    region's boundary (its program unchanged); True puts the per-layer hooks inside it too,
+    which breaks its graphs (the first step says by how much)."""
+    return Telemetry(model, recipe, shadow, what_if, every, enabled, rank, inside_compiled)

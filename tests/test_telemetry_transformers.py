@@ -1,0 +1,80 @@
+"""Telemetry on a model from a model library installed from PyPI (the ``models`` extra:
+transformers, measured on 5.23.0): a tiny Llama with grouped-query attention (sdpa with
+``enable_gqa``), rotary embeddings, tied embeddings and the ``model(input_ids, labels=...)``
+interface that returns the loss and the logits. Skipped where transformers is not installed
+(CI installs ``.[test,torchao]``; ``pip install -e .[models]`` to run it)."""
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+
+from numcheck import telemetry
+
+pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
+transformers = pytest.importorskip("transformers", reason="the models extra: "
+                                   "pip install -e .[models]")
+
+
+def _llama(dtype=torch.bfloat16):
+    torch.manual_seed(0)
+    cfg = transformers.LlamaConfig(
+        vocab_size=128, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
+        tie_word_embeddings=True, attn_implementation="sdpa")
+    return transformers.LlamaForCausalLM(cfg).to(dtype)
+
+
+def _train(model, watch=None, steps=2, fault_at=None):
+    """A few SGD steps on fixed tokens; the loss comes with the logits (labels=...)."""
+    torch.manual_seed(1)
+    ids = torch.randint(0, 128, (2, 16))
+    opt = torch.optim.SGD(model.parameters(), lr=1e-2)
+    losses = []
+    for step in range(steps):
+        if step == fault_at:   # finite weights whose products overflow fp32
+            with torch.no_grad():
+                model.model.layers[1].mlp.up_proj.weight.fill_(3e38)
+        out = model(input_ids=ids, labels=ids)
+        out.loss.backward()
+        losses.append(out.loss.detach().clone())
+        opt.step()
+        opt.zero_grad()
+        if watch is not None:
+            watch.step()
+    return losses
+
+
+def test_a_llama_is_watched_without_changing_it():
+    model = _llama()
+    plain = copy.deepcopy(model)
+    with telemetry.watch(model, shadow=True) as t:
+        losses = _train(model, t)
+    assert all(torch.equal(a, b) for a, b in zip(losses, _train(plain), strict=True))
+    assert all(torch.equal(a, b) for a, b in zip(model.parameters(), plain.parameters(),
+                                                  strict=True))
+    df = t.records()
+    assert {"embedding", "linear", "norm", "rope", "sdpa"} <= set(df.op)
+    sdpa = df[(df.op == "sdpa") & (df.role == "input")].iloc[0]
+    assert sdpa.n == 2 * 4 * 16 * 16 + 2 * (2 * 2 * 16 * 16)   # q, and k, v before GQA
+    out = df[(df.op == "sdpa") & (df.role == "output")]
+    # bf16 attention against float64: ~8 bits (48 dB) within a few dB; e2e adds the layers'
+    assert out.shadow_sqnr_db.between(40, 70).all() and out.e2e_sqnr_db.between(30, 70).all()
+    # the rotary embedding by its class name: cos/sin tables rounded to bf16 (~8 bits)
+    assert df[(df.op == "rope") & (df.role == "output")].shadow_sqnr_db.between(45, 75).all()
+    # tied embeddings: the one gradient is checked once, named by its owner and its sharer
+    assert {"model.embed_tokens", "lm_head"} <= set(df[df.role == "grad_weight"].module)
+    assert not t.first_nonfinite() and t.first_nonfinite().reason == "all_finite"
+
+
+@pytest.mark.parametrize("every", [1, 3])
+def test_a_llama_overflow_is_named_at_any_every(every):
+    """The fault at step 1 (a step every=3 does not record: found by the sentinel's replay of
+    the loss+logits output, each output's gradient once): the MLP's up projection."""
+    model = _llama(torch.float32)
+    with telemetry.watch(model, every=every) as t:
+        _train(model, t, steps=3, fault_at=1)
+    got = t.first_nonfinite()
+    assert got and (got.step, got.module, got.op, got.role, got.pass_) == \
+        (1, "model.layers.1.mlp.up_proj", "linear", "output", "forward"), got

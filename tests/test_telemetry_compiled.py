@@ -75,7 +75,7 @@ def test_watching_adds_no_graph_and_no_break(where):
     graphs, breaks, losses, _ = _run(where, watched=False)
     assert graphs >= 1 and breaks == 0   # the model compiles whole: the baseline to keep
     with pytest.warns(UserWarning, match="a torch.compile region, watched from"):
-        w_graphs, w_breaks, w_losses, t = _run(where, watched=True)
+        w_graphs, w_breaks, w_losses, t = _run(where, watched=True, shadow=True)
     assert (w_graphs, w_breaks) == (graphs, breaks)
     assert all(torch.equal(a, b) for a, b in zip(losses, w_losses, strict=True))
     df = t.records()
@@ -83,6 +83,10 @@ def test_watching_adds_no_graph_and_no_break(where):
     region, want = ("<model> (compiled)", {"output", "grad_output"}) if where == "root" else \
         ("blocks.0 (compiled)", {"input", "output", "grad_output", "grad_input"})
     assert set(df[df.module == region].role) == want
+    # the float64 copy runs eagerly (no graph of its own) and gives the region's end-to-end
+    # SQNR: fp32 against float64, ~140 dB
+    out = df[(df.module == region) & (df.role == "output")].iloc[0]
+    assert out.e2e_sqnr_db > 100, out
     # the layers inside: weight and weight-gradient rows, under their own names
     qkv = df[df.module == "blocks.0.qkv"]
     assert set(qkv.role) == {"weight", "grad_weight"} and set(qkv.op) == {"linear"}
@@ -95,12 +99,15 @@ def test_inside_compiled_says_what_it_cost():
     graphs, breaks, _, _ = _run("root", watched=False)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        w_graphs, w_breaks, _, t = _run("root", watched=True, inside_compiled=True)
+        w_graphs, w_breaks, _, t = _run("root", watched=True, inside_compiled=True,
+                                        shadow=True)
     said = [str(w.message) for w in caught if "changed the compiled program" in str(w.message)]
     assert len(said) == 1, [str(w.message) for w in caught]   # once, at the first step
     assert w_graphs > graphs and f"compiled {w_graphs} graph(s)" in said[0], said
     assert f"broke {w_breaks} time(s)" in said[0]
-    assert "blocks.0.qkv" in set(t.records().module)   # the per-layer rows it pays for
+    df = t.records()   # the per-layer rows it pays for, their end-to-end SQNR under their names
+    qkv = df[(df.module == "blocks.0.qkv") & (df.role == "output")].iloc[0]
+    assert qkv.e2e_sqnr_db > 100, qkv
 
 
 def test_a_fault_inside_a_compiled_region_names_the_region():

@@ -22,7 +22,7 @@ pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
 @pytest.fixture(autouse=True)
 def _no_registrations(monkeypatch):
     monkeypatch.setattr(hooks, "_REGISTERED", {})
-    monkeypatch.setattr(hooks, "_OPS", dict(hooks._OPS))
+    monkeypatch.setattr(hooks, "FUNCTION_OPS", dict(hooks.FUNCTION_OPS))
 
 
 def _gated_residual(x, h, gate):

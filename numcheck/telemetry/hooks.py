@@ -11,8 +11,9 @@ the parameter. While the root module's forward runs, a TorchFunctionMode records
 probabilities of models that write attention out, as the tiny models do) and the functions a
 user registered (``register``: a torch function, or a Python function through its wrapper)
 under the innermost module that called them: their rows, float64 shadows and producer checks,
-forward and backward, carry that op. Nothing is read back from a device in a hook: ``step()`` reads a
-step's statistics once (numcheck/telemetry/accumulator.py).
+forward and backward, carry that op. A ``torch.compile`` region (OptimizedModule) is watched
+from its boundary: its modules carry no hook (``region_of``). Nothing is read back from a
+device in a hook: ``step()`` reads a step's statistics once (numcheck/telemetry/accumulator.py).
 
 Hooks that run inside the root's forward take the watch's own TorchFunctionMode off the mode
 stack while they work, so telemetry's own torch ops are not intercepted.
@@ -32,8 +33,10 @@ from numcheck.telemetry._structs import tensors
 from numcheck.telemetry.observation import merge_obs
 
 ROOT = "<model>"
-_OPS = {F.scaled_dot_product_attention: "sdpa", torch.softmax: "softmax",
-        torch.Tensor.softmax: "softmax", F.softmax: "softmax"}
+# torch functions watched as ops (the watch's op mode and the float64 copy's capture read it;
+# ``register`` adds to it): function -> op.
+FUNCTION_OPS = {F.scaled_dot_product_attention: "sdpa", torch.softmax: "softmax",
+                torch.Tensor.softmax: "softmax", F.softmax: "softmax"}
 
 
 # Module classes a user registered (``numcheck.telemetry.register``): class -> op, the first
@@ -47,7 +50,7 @@ _BY_NAME = (("Rotary", "rope"), ("AdaLayerNorm", "modulate"), ("Modulation", "mo
 _WATCHING = [0]
 
 
-class _Observer(TorchFunctionMode):
+class Observer(TorchFunctionMode):
     """A torch-function mode that a registered Python function's wrapper tells about its calls
     (``observed``): the watch's op mode, the float64 shadow's capture. While one is entered,
     the wrappers look for it (``_WATCHING``)."""
@@ -75,7 +78,7 @@ def _function_op(fn, op: str):
         out = fn(*args, **kwargs)
         if _WATCHING[0]:
             for m in torch.overrides._get_current_function_mode_stack():
-                if isinstance(m, _Observer):
+                if isinstance(m, Observer):
                     m.observed(wrapper, (args, kwargs), out)
         return out
 
@@ -126,7 +129,7 @@ def register(target, op: str):
         target.__numcheck_op__ = op
         return target
     if callable(target) and target in _torch_functions():
-        _OPS[target] = op
+        FUNCTION_OPS[target] = op
         return target
     if callable(target):
         return _function_op(target, op)
@@ -212,7 +215,7 @@ class _NoGrad:
             torch._C._set_grad_enabled(True)
 
 
-class _OpMode(_Observer):
+class _OpMode(Observer):
     def __init__(self, watch, on_op) -> None:
         super().__init__()
         self.watch, self.on_op = watch, on_op
@@ -220,7 +223,7 @@ class _OpMode(_Observer):
     def __torch_function__(self, func, types, args=(), kwargs=None):
         # every op of the model's forward comes through here: as little as possible per op
         out = func(*args, **kwargs) if kwargs else func(*args)
-        op = _OPS.get(func)
+        op = FUNCTION_OPS.get(func)
         if op is not None and not self.watch.busy:
             self.on_op(op, func, (args, kwargs), out)
         return out

@@ -1,8 +1,9 @@
 """The float64 shadows of ``watch(shadow=True)``: each watched layer's output in float64 on the
 live inputs (a linear layer: F.linear on its weights in float64; a norm or attention: a float64
-copy of the layer; a function-level op such as sdpa or a registered function: the function on
-float64 copies of its arguments), and a whole-model float64 copy run on the root's inputs, whose watched
-layers' outputs the live ones are compared with (end to end). Their SQNR sums go into the
+copy of the layer; a function-level op such as sdpa or a registered function: the function
+on float64 copies of its arguments), and a whole-model float64 copy run on the root's inputs,
+whose watched layers' and function-level ops' outputs the live ones are compared with (end to
+end). Their SQNR sums go into the
 output rows (passes.sqnr_pair: the sh_ and e2e_ fields of fields.FIELDS).
 
 The copies are made once, at ``watch``, before any hook of the watch exists (deepcopy copies
@@ -48,9 +49,9 @@ class KeepFP64(TorchFunctionMode):
         return func(*args, **kwargs) if kwargs else func(*args)
 
 
-class _Capture(KeepFP64, hooks._Observer):
+class _Capture(KeepFP64, hooks.Observer):
     """KeepFP64 for the whole-model copy, keeping the first output of each function-level op
-    it runs (hooks._OPS, registered functions) in call order: op -> [outputs]."""
+    it runs (hooks.FUNCTION_OPS, registered functions) in call order: op -> [outputs]."""
 
     def __init__(self, into: dict) -> None:
         super().__init__()
@@ -58,7 +59,7 @@ class _Capture(KeepFP64, hooks._Observer):
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         out = super().__torch_function__(func, types, args, kwargs)
-        op = hooks._OPS.get(func)
+        op = hooks.FUNCTION_OPS.get(func)
         if op is not None:
             self._keep(op, out)
         return out
@@ -107,7 +108,8 @@ class Shadows:
     shadow). ``ops``: module -> its watched op (hooks.classify) or None; ``watch``: whose ``busy``
     flag is up while a shadow runs (the watch's hooks stand aside for the shadows' own ops)."""
 
-    def __init__(self, model: nn.Module, ops: dict, on: bool, watch) -> None:
+    def __init__(self, model: nn.Module, ops: dict, on: bool, watch,
+                 names: dict | None = None) -> None:
         self.model, self.on, self.watch = model, on, watch
         # float64 copies of the watched layers but linear ones (F.linear in float64 needs none)
         self.layers = {m: copy.deepcopy(m).to(torch.float64) for m, op in ops.items()
@@ -120,9 +122,12 @@ class Shadows:
         self.e2e_ops: dict[str, list[torch.Tensor]] = {}
         self.handles: list = []   # on the float64 copy
         if self.model64 is not None:
-            for n, m in self.model64.named_modules():
+            # the copy's modules under the live ones' row names (``names``: the watch's,
+            # without torch.compile's _orig_mod; the copy's modules are the live ones', in order)
+            for (n, m), live in zip(self.model64.named_modules(), model.modules(), strict=True):
                 if classify(m):
-                    self.handles.append(m.register_forward_hook(self._capture(n or ROOT)))
+                    name = names[live] if names else n or ROOT
+                    self.handles.append(m.register_forward_hook(self._capture(name)))
 
     def close(self) -> None:
         for h in self.handles:

@@ -164,7 +164,7 @@ class Telemetry:
         self.reads = StepReads()
         self.acc = Accumulator(self.reads, self.recipes, rank)
         # float64 shadows, copied before any hook of ours exists (deepcopy copies hooks)
-        self.shadows = Shadows(model, ops, shadow, self)
+        self.shadows = Shadows(model, ops, shadow, self, names)
         self.hooks = Hooks(self, model, names, ops, self.reads, self.acc, self.shadows,
                            self._sentinel, {} if inside_compiled else regions)
         # for numcheck/telemetry/sentinel.py

@@ -5,6 +5,7 @@ finding says, and is reported as that finding. A wrapper that never reaches the 
 failures the finding does not cover, still fail."""
 from __future__ import annotations
 
+import pytest
 import torch
 import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
@@ -26,7 +27,13 @@ def model_attention(q, k, v, attn_mask=None, is_causal=False, scale=None):
 
 def test_the_flash_finding_follows_a_wrapper_of_the_same_call():
     v = quiet_verify("sdpa", model_attention, case_ids=[CASE])
+    assert v.passed, v.summary()  # known or passed, never a failure
     grads = {r.output: r for r in v.records if r.output.startswith("grad_")}
+    if grads["grad_v"].status == "passed":
+        # the finding: 8-9x the naive error on AMD EPYC, 1.3x (a pass) on an Intel Xeon with
+        # AMX (CI, 2026-12-04): where the backend passes the case there is nothing to borrow
+        pytest.skip("this CPU's flash backward passes the case: grad_v " +
+                    grads["grad_v"].reason)
     assert grads["grad_v"].status == "known", grads["grad_v"].reason
     assert grads["grad_v"].known == "torch-cpu-flash-backward-scale"
     assert "aten::_scaled_dot_product_flash_attention_for_cpu_backward" in grads["grad_v"].reason

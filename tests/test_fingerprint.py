@@ -52,6 +52,38 @@ def _splits(s):
     return lambda xs, add: _blocks(-(-len(xs) // s))(xs, add)
 
 
+def _pair_swapped(block):
+    """A bf16 dot-product instruction that adds a pair's second product before its first
+    (VDPBF16PS), one accumulator, K cut in blocks of ``block(K)`` whose sums add in order
+    (a GEMM library's K blocking)."""
+    def tree(xs, add):
+        k = block(len(xs))
+        sums = []
+        for i in range(0, len(xs), k):
+            part = xs[i:i + k]
+            swapped = [x for q in range(0, len(part), 2) for x in part[q:q + 2][::-1]]
+            sums.append(_seq(swapped, add))
+        return _seq(sums, add)
+    return tree
+
+
+def _tiles(k, lanes, carry):
+    """K tiles of k, each summed in ``lanes`` interleaved accumulators (element i into lane
+    i mod lanes) that are then added in order; the tiles' sums added in order, or (carry) the
+    running sum fed into lane 0 of the next tile."""
+    def tree(xs, add):
+        acc = None
+        for i in range(0, len(xs), k):
+            tile = xs[i:i + k]
+            ls = [list(tile[q::lanes]) for q in range(lanes)]
+            if carry and acc is not None:
+                ls[0].insert(0, acc)
+            part = _seq([_seq(lane, add) for lane in ls], add)
+            acc = part if acc is None or carry else add(acc, part)
+        return acc
+    return tree
+
+
 def _bf16_partials(k):
     """Partial sums of k products in fp32, each rounded to bf16, added into an fp32 total."""
     def tree(xs, add):
@@ -85,6 +117,21 @@ def test_summation_orders_told_apart(tree, order):
     assert fp.order == order, fp.evidence["order"]
     assert (fp.acc_bits, fp.acc_rounding, fp.promote_every) == (23, "rne", None), fp
     assert fp.deterministic and fp.batch_invariant
+
+
+@pytest.mark.parametrize("tree,order", [
+    (_pair_swapped(lambda n: n), "sequential:permuted"),
+    (_pair_swapped(lambda n: min(n, 256)), "blocked:128,256,256:permuted"),
+    (_blocks(96), "blocked:96,96,96"),
+    (_tiles(32, 2, False), "blocked:32/strided:2"),
+    (_tiles(32, 2, True), "blocked:32/strided:2+carry"),
+    (_tiles(16, 4, False), "blocked:16/strided:4")])
+def test_gemm_library_orders(tree, order):
+    """What CPU GEMMs were seen doing (docs/fingerprints.md): oneDNN's bf16 dot instruction
+    with K blocked by K, tiles of interleaved lanes (a matrix unit's or a SIMD kernel's)."""
+    fp = fingerprint("matmul", _kernel(tree), dtype="bf16", device="cpu")
+    assert fp.order == order, fp.evidence["order"]
+    assert (fp.acc_bits, fp.acc_rounding) == (23, "rne"), fp
 
 
 def test_bf16_partial_sums_every_16():

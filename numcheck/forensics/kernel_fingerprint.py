@@ -71,8 +71,9 @@ class Fingerprint:
     q = 1, or the op has no accumulation probe). promote_every: None, or the block length after
     which partial sums are added in a wider accumulator. acc_rounding: "rne" | "rna" | "rz" |
     "rd" | "ru" | "unknown". order: "sequential" | "pairwise" | "blocked:<k>" | "split:<s>" |
-    "strided:<w>" | "blocked:<k128>,<k256>,<k512>" (K-dependent blocks) |
-    "sequential:permuted" | "unknown" (docs/fingerprints.md).
+    "strided:<w>" | "blocked:<k>/strided:<w>[+carry]" (K tiles in lanes) |
+    "blocked:<k128>,<k256>,<k512>" (K-dependent blocks) | "sequential:permuted" |
+    "blocked:<k128>,<k256>,<k512>:permuted" | "unknown" (docs/fingerprints.md).
     deterministic: bitwise equal over repeated runs. batch_invariant: rows independent of the
     batch they are computed in."""
 

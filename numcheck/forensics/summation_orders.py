@@ -1,6 +1,6 @@
 """Summation-order hypotheses of numcheck.forensics.kernel_fingerprint: each candidate order
-(sequential, pairwise, blocked:k, split:s, strided:w, promoted FP8 accumulation, permutations,
-fixed trees) as a function that sums probe rows the way a kernel would, rounding each partial sum
+(sequential, pairwise, blocked:k, split:s, strided:w, K tiles in interleaved lanes, promoted FP8
+accumulation, permutations within K blocks, fixed trees) as a function that sums probe rows the way a kernel would, rounding each partial sum
 to the accumulator's bits (``round_bits``); ``predict`` gives what a hypothesis makes of the
 probes, which the prober compares with the kernel's outputs."""
 from __future__ import annotations
@@ -81,6 +81,19 @@ def _strided(w: int, combine):
     return lambda xs: combine([_sequential(xs[lane::w]) for lane in range(min(w, len(xs)))])
 
 
+def _tiled(k: int, w: int, carry: bool):
+    def tree(xs):
+        acc = None
+        for i in range(0, len(xs), k):
+            lanes = [xs[i + lane:i + k:w] for lane in range(min(w, len(xs) - i))]
+            if carry and acc is not None:
+                lanes[0] = [acc, *lanes[0]]
+            tile = _sequential([_sequential(lane) for lane in lanes])
+            acc = tile if carry or acc is None else acc + tile
+        return acc
+    return tree
+
+
 def promoted(k: int, bits: int, mode: str):
     """Blocks of k summed in order in a narrower accumulator (bits, mode), their sums added in
     order in the leaves' own (wider) one."""
@@ -108,28 +121,46 @@ def hypotheses() -> list[tuple[str, Callable]]:
     out += [(f"split:{s}", fixed(_split(s))) for s in (2, 4, 8, 16, 32, 64)]
     out += [(f"strided:{w}", fixed(_strided(w, _sequential))) for w in (2, 4, 8, 16, 32, 64)]
     out += [(f"strided:{w}", fixed(_strided(w, _pairwise))) for w in (2, 4, 8, 16, 32, 64)]
+    # a GEMM's K tiles each summed in interleaved lanes (SIMD dot products over pairs or
+    # quads of K, matrix units' tiles), tile sums added in order, the running sum either
+    # apart from the lanes or carried in lane 0: both are measured, the probes decide
+    out += [(f"blocked:{k}/strided:{w}{carry}", fixed(_tiled(k, w, bool(carry))))
+            for k in (16, 32, 64) for w in (2, 4) for carry in ("", "+carry")]
     return out
 
 
 def derived(sizes: dict[int, list[int]]) -> list[tuple[str, Callable]]:
     """Candidates read off the (0, j) probes, whose outputs count the units outside the
-    smallest subtree holding leaves 0 and j (its size: n - count): a first block of k leaves
-    summed in order (size j + 1 up to j = k - 1) whose length depends on n, and a sequential
-    sum over a permutation of the leaves (every size 2..n once)."""
+    smallest subtree holding leaves 0 and j (its size: n - count): blocks of k leaves (k may
+    depend on n: a GEMM's K blocking) summed in order, or each in one permutation of its
+    leaves (a dot-product instruction that takes a pair's second element first), block sums
+    added in order. In a block of k the sizes of j = 1..k-1 are 2..k once each; past it,
+    block b's are min((b + 1) k, n)."""
     out: list[tuple[str, Callable]] = []
-    first = {n: next((j for j, z in enumerate(sz, 1) if z != j + 1), n) for n, sz in sizes.items()}
-    if any(k < n for n, k in first.items()):
-        ks = [first[n] for n in SIZES]
-        out.append(("blocked:" + ",".join(map(str, ks)), lambda n: _blocked(first[n])))
-    perms = {}
+    ks, perms = {}, {}
     for n, sz in sizes.items():
-        if sorted(sz) != list(range(2, n + 1)):
-            break
-        perms[n] = [0] + [j for _, j in sorted(zip(sz, range(1, n)))]
-    else:
-        if any(perm != list(range(n)) for n, perm in perms.items()):
-            out.append(("sequential:permuted", lambda n: _permuted(perms[n])))
+        # the longest block that fits (a sequential tail of one leaf is the same tree)
+        k = next((k for k in range(n, 1, -1) if sorted(sz[:k - 1]) == list(range(2, k + 1))
+                  and all(z == min((j // k + 1) * k, n) for j, z in enumerate(sz[k - 1:], k))),
+                 None)
+        if k is None:
+            return out
+        ks[n] = k
+        perms[n] = [0] + [j for _, j in sorted(zip(sz[:k - 1], range(1, k)))]
+    blocked = any(k < n for n, k in ks.items())
+    permuted = any(perm != list(range(len(perm))) for perm in perms.values())
+    if not (blocked or permuted):
+        return out  # sequential, already a hypothesis
+    name = ("blocked:" + ",".join(str(ks[n]) for n in SIZES) if blocked else "sequential") + \
+        (":permuted" if permuted else "")
+    out.append((name, lambda n: _blocked_permuted(ks[n], perms[n])))
     return out
+
+
+def _blocked_permuted(k: int, perm: list[int]):
+    # a shorter last block keeps the permutation's order of the leaves it has
+    return lambda xs: _sequential([_sequential([xs[i + q] for q in perm if i + q < len(xs)])
+                                   for i in range(0, len(xs), k)])
 
 
 def unit_classes(n: int, out_fmt: str) -> int:

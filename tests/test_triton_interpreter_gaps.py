@@ -250,6 +250,9 @@ B = (torch.randn(M, M, generator=g)).to(torch.bfloat16)
 C = torch.empty(M, M)
 dot[(1,)](A, B, C, M=M)
 out.update(A=A.float().tolist(), B=B.float().tolist(), dot=C.tolist())
+A16, B16 = (torch.randn(M, M, generator=g) * 100).half(), (torch.randn(M, M, generator=g) * 100).half()
+dot[(1,)](A16, B16, C, M=M)  # fp16 products up to ~1e5 summed: past fp16's range, not fp32's
+out.update(A16=A16.float().tolist(), B16=B16.float().tolist(), dot16=C.tolist())
 print(json.dumps(out))
 """
 
@@ -258,7 +261,7 @@ def test_numcheck_computes_bf16_as_compiled_triton_does():
     """Under install(): each bf16 op on fp32-decoded operands, rounded once to bf16 (torch's bf16
     ops on the CPU do the same: the oracle); tl.sum and tl.cumsum of bf16 round each add in
     order (Triton keeps bf16 as the sum's type), max/min/argmax compare values, tl.dot of bf16
-    accumulates in fp32."""
+    and of fp16 accumulates in fp32."""
     import torch
 
     got = run_interpreted(_BF16)
@@ -277,3 +280,10 @@ def test_numcheck_computes_bf16_as_compiled_triton_does():
     A, B = (torch.tensor(got[k], dtype=torch.float64) for k in "AB")
     assert torch.allclose(torch.tensor(got["dot"], dtype=torch.float64), A @ B, rtol=1e-6,
                           atol=1e-6)
+    # fp16 operands: an fp32 accumulator as compiled Triton's default (sums past 65504 stay
+    # finite and within fp32 rounding of the float64 product)
+    A, B = (torch.tensor(got[k], dtype=torch.float64) for k in ("A16", "B16"))
+    ref = A @ B
+    assert ref.abs().max() > 65504
+    assert torch.allclose(torch.tensor(got["dot16"], dtype=torch.float64), ref, rtol=1e-5,
+                          atol=1e-2)

@@ -11,8 +11,8 @@ the parameter. While the root module's forward runs, a TorchFunctionMode records
 probabilities of models that write attention out, as the tiny models do) and the functions a
 user registered (``register``: a torch function, or a Python function through its wrapper)
 under the innermost module that called them: their rows, float64 shadows and producer checks,
-forward and backward, carry that op. A ``torch.compile`` region (OptimizedModule) is watched
-from its boundary: its modules carry no hook (``region_of``). Nothing is read back from a
+forward and backward, carry that op. A ``torch.compile`` region (an OptimizedModule, or a module
+compiled in place) is watched from its boundary: its modules carry no hook (``region_of``). Nothing is read back from a
 device in a hook: ``step()`` reads a step's statistics once (numcheck/telemetry/accumulator.py).
 
 Hooks that run inside the root's forward take the watch's own TorchFunctionMode off the mode
@@ -178,9 +178,42 @@ def classify(m: nn.Module) -> str | None:
 
 
 def compiled_region(m: nn.Module) -> bool:
-    """m is a ``torch.compile`` wrapper (OptimizedModule): its hooks run outside the compiled
-    program, its ``_orig_mod``'s modules inside it."""
-    return type(m).__name__ == "OptimizedModule"   # (not importing torch._dynamo here)
+    """m is a ``torch.compile`` wrapper (OptimizedModule: its hooks run outside the compiled
+    program, its ``_orig_mod``'s modules inside it) or a module compiled in place
+    (``m.compile()``: its own hooks run inside the compiled ``_call_impl`` too)."""
+    return type(m).__name__ == "OptimizedModule" or compiled_in_place(m)
+
+
+def compiled_in_place(m: nn.Module) -> bool:
+    """``m.compile()`` was called: ``m(...)`` runs ``m._compiled_call_impl``, Dynamo's
+    compilation of ``m._call_impl`` (module hooks included)."""
+    return m.__dict__.get("_compiled_call_impl") is not None
+
+
+def region_body(m: nn.Module) -> nn.Module:
+    """The module whose forward a compiled region runs: the wrapper's ``_orig_mod``, or m."""
+    return m if compiled_in_place(m) else m._orig_mod
+
+
+class _BoundaryCall:
+    """A module compiled in place, watched from its boundary: its ``_compiled_call_impl``
+    replaced by this call, which runs the watch's pre and post hooks eagerly around the
+    compiled call (a module hook would run inside it: Dynamo traces it); ``remove()`` puts
+    the compiled call back."""
+
+    def __init__(self, m: nn.Module, pre, post) -> None:
+        self.m, self.compiled, self.pre, self.post = m, m._compiled_call_impl, pre, post
+        m._compiled_call_impl = self
+
+    def __call__(self, *args, **kwargs):
+        self.pre(self.m, args, kwargs)
+        out = self.compiled(*args, **kwargs)
+        self.post(self.m, args, kwargs, out)
+        return out
+
+    def remove(self) -> None:
+        if self.m.__dict__.get("_compiled_call_impl") is self:
+            self.m._compiled_call_impl = self.compiled
 
 
 def _weight(m: nn.Module) -> torch.Tensor | None:
@@ -313,12 +346,13 @@ class Hooks:
     ``checking()`` (the producer check runs), ``every``."""
 
     def __init__(self, watch, root: nn.Module, names: dict, ops: dict, reads, acc, shadows,
-                 sentinel, region_of: dict | None = None) -> None:
+                 sentinel, region_of: dict | None = None, boundaries=frozenset()) -> None:
         self.watch, self.root, self.names, self.ops = watch, root, names, ops
         self.reads, self.acc, self.shadows, self.sentinel = reads, acc, shadows, sentinel
         # modules inside a compiled region watched from its boundary -> the region's wrapper
         # (no hook on them: a hook inside a compiled program breaks its graph)
         self.region_of: dict = region_of or {}
+        self.boundaries = boundaries   # the compiled regions watched from their boundary
         # per region wrapper: (name, op, weight) of the watched layers inside it (their
         # weight rows, recorded at the region's forward)
         self.region_weights: dict = {}
@@ -360,6 +394,9 @@ class Hooks:
 
     def _attach(self, m: nn.Module, name: str, op: str | None, root: bool) -> None:
         h = self.handles
+        if m in self.boundaries and compiled_in_place(m):   # around its compiled call
+            h.append(_BoundaryCall(m, self._pre(name, root), self._post(name, op, root)))
+            return
         # Dynamo must not trace the hooks of a torch.compile'd module (it cannot: "already
         # tracked for mutation"); it runs them eagerly, between graphs
         h.append(m.register_forward_pre_hook(_eager(self._pre(name, root)), with_kwargs=True))
@@ -419,7 +456,7 @@ class Hooks:
 
     def _boundary(self, m) -> bool:
         """m is a compiled region watched from its boundary (its modules carry no hook)."""
-        return compiled_region(m) and m._orig_mod in self.region_of
+        return m in self.boundaries
 
     def suspend(self) -> None:
         """Take the op mode off while a compiled region runs: Dynamo would trace it (and the

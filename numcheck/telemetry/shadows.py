@@ -82,6 +82,16 @@ def _eager_stance():
         return contextlib.nullcontext()
 
 
+def _copy64(m: nn.Module) -> nn.Module:
+    """A float64 copy of m that runs eagerly: a module compiled in place keeps its compiled
+    call through deepcopy, and that call is the live module's (it would run the live model)."""
+    c = copy.deepcopy(m).to(torch.float64)
+    for sub in c.modules():
+        if "_compiled_call_impl" in sub.__dict__:
+            sub._compiled_call_impl = None
+    return c
+
+
 def _dropout(op: str, call) -> bool:
     """sdpa with dropout: a float64 call would draw another mask (no shadow then)."""
     if op != "sdpa":
@@ -112,10 +122,10 @@ class Shadows:
                  names: dict | None = None) -> None:
         self.model, self.on, self.watch = model, on, watch
         # float64 copies of the watched layers but linear ones (F.linear in float64 needs none)
-        self.layers = {m: copy.deepcopy(m).to(torch.float64) for m, op in ops.items()
+        self.layers = {m: _copy64(m) for m, op in ops.items()
                        if on and op not in (None, "linear", "compiled")}
         self.rng_at: dict = {}   # module -> generator states before its live forward
-        self.model64 = copy.deepcopy(model).to(torch.float64) if on else None
+        self.model64 = _copy64(model) if on else None
         # per watched module name: the whole-model copy's outputs of this forward, in call order
         self.e2e_out: dict[str, list[torch.Tensor]] = {}
         # per function-level op: the whole-model copy's first outputs, in call order
@@ -125,7 +135,7 @@ class Shadows:
             # the copy's modules under the live ones' row names (``names``: the watch's,
             # without torch.compile's _orig_mod; the copy's modules are the live ones', in order)
             for (n, m), live in zip(self.model64.named_modules(), model.modules(), strict=True):
-                if classify(m):
+                if classify(live):   # (the copy of a module compiled in place is not)
                     name = names[live] if names else n or ROOT
                     self.handles.append(m.register_forward_hook(self._capture(name)))
 

@@ -30,7 +30,7 @@ from torch import nn
 from numcheck.errors import UsageError
 from numcheck.quant.recipe import QuantRecipe, get_recipe
 from numcheck.telemetry.accumulator import ROLES, Accumulator, NonFinite, NoProducer
-from numcheck.telemetry.hooks import ROOT, Hooks, classify, compiled_region
+from numcheck.telemetry.hooks import ROOT, Hooks, classify, compiled_region, region_body
 from numcheck.telemetry.observation import StepReads
 from numcheck.telemetry.passes import all_finite
 from numcheck.telemetry.rng import devices, rng_states, set_rng_states
@@ -71,12 +71,13 @@ def _display_name(path: str, m: nn.Module) -> str:
 
 def _regions(model: nn.Module) -> dict:
     """The modules inside torch.compile'd regions (an OptimizedModule's ``_orig_mod`` and its
-    submodules) -> the region's wrapper."""
+    submodules; a module compiled in place: its submodules) -> the region's wrapper."""
     inside = {}
     for m in model.modules():
         if compiled_region(m):
-            for sub in m._orig_mod.modules():
-                inside.setdefault(sub, m)
+            for sub in region_body(m).modules():
+                if sub is not m:
+                    inside.setdefault(sub, m)
     return inside
 
 
@@ -149,11 +150,15 @@ class Telemetry:
         self._names = names = {m: _display_name(n, m) for n, m in model.named_modules()}
         ops = {m: classify(m) for m in names}
         regions = _regions(model)
+        # the regions watched from their boundary (a module compiled in place may hold none)
+        boundaries = frozenset() if inside_compiled else \
+            frozenset(m for m in names if compiled_region(m) and m not in regions)
         # inside_compiled: the per-layer hooks inside compiled regions, and Dynamo's counts
         # before them (the first step() says what watching did to the compiled program)
-        self._compiled_from = _dynamo_counts() if regions and inside_compiled else None
-        if regions and not inside_compiled:
-            outer = sorted({names[r] for r in regions.values()})
+        self._compiled_from = _dynamo_counts() if inside_compiled and \
+            any(compiled_region(m) for m in names) else None
+        if boundaries:
+            outer = sorted(names[r] for r in boundaries)
             warnings.warn(
                 f"numcheck.telemetry: {', '.join(outer)}: a torch.compile region, watched from "
                 f"the compiled region's boundary (op 'compiled': its inputs, outputs and their "
@@ -166,7 +171,7 @@ class Telemetry:
         # float64 shadows, copied before any hook of ours exists (deepcopy copies hooks)
         self.shadows = Shadows(model, ops, shadow, self, names)
         self.hooks = Hooks(self, model, names, ops, self.reads, self.acc, self.shadows,
-                           self._sentinel, {} if inside_compiled else regions)
+                           self._sentinel, {} if inside_compiled else regions, boundaries)
         # for numcheck/telemetry/sentinel.py
         self._params_key, self._keep = self.hooks.params_key, self.hooks.keep
         if enabled:

@@ -11,14 +11,14 @@ from torch import nn
 from numcheck import telemetry
 from numcheck.convergence.models import build
 from numcheck.errors import UsageError
-from numcheck.telemetry import hooks
+from numcheck.telemetry import op_classes
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
 
 
 @pytest.fixture(autouse=True)
 def _no_registrations(monkeypatch):
-    monkeypatch.setattr(hooks, "_REGISTERED", {})
+    monkeypatch.setattr(op_classes, "_REGISTERED", {})
 
 
 def test_an_embedding_is_watched():

@@ -14,15 +14,19 @@ from torch import nn
 
 from numcheck import telemetry
 from numcheck.errors import UsageError
-from numcheck.telemetry import hooks
+from numcheck.telemetry import op_classes
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
 
 
 @pytest.fixture(autouse=True)
 def _no_registrations(monkeypatch):
-    monkeypatch.setattr(hooks, "_REGISTERED", {})
-    monkeypatch.setattr(hooks, "FUNCTION_OPS", dict(hooks.FUNCTION_OPS))
+    monkeypatch.setattr(op_classes, "_REGISTERED", {})
+    # the torch functions' table is imported by name (the op mode's hot path): restored in place
+    saved = dict(op_classes.FUNCTION_OPS)
+    yield
+    op_classes.FUNCTION_OPS.clear()
+    op_classes.FUNCTION_OPS.update(saved)
 
 
 def _gated_residual(x, h, gate):
@@ -138,8 +142,8 @@ class MyRotaryEmbedding(nn.Module):
 
 
 def test_a_rotary_embedding_class_is_watched_by_name():
-    assert hooks.classify(MyRotaryEmbedding()) == "rope"
-    assert hooks.classify(type("AdaLayerNormZero", (nn.Module,), {})()) == "modulate"
+    assert op_classes.classify(MyRotaryEmbedding()) == "rope"
+    assert op_classes.classify(type("AdaLayerNormZero", (nn.Module,), {})()) == "modulate"
 
 
 class _Attention(nn.Module):

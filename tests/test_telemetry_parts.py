@@ -16,7 +16,8 @@ from torch import nn
 from numcheck.quant.recipe import get_recipe
 from numcheck.telemetry import fields
 from numcheck.telemetry.accumulator import Accumulator, NonFinite
-from numcheck.telemetry.hooks import ROOT, Hooks, classify
+from numcheck.telemetry.hooks import ROOT, Hooks
+from numcheck.telemetry.op_classes import classify
 from numcheck.telemetry.observation import Pending, StepReads, finite, read_back
 from numcheck.telemetry.passes import all_finite, sqnr_pair
 from numcheck.telemetry.rng import own_rng, rng_states, set_rng_states

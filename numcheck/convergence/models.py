@@ -27,7 +27,7 @@ from torch import nn
 from numcheck.errors import UsageError
 from numcheck.cases.inputs import seed_for
 from numcheck.convergence.data import Grammar, Latents, Teacher
-from numcheck.telemetry.hooks import register
+from numcheck.telemetry.op_classes import register
 
 __all__ = ["MODELS", "build"]
 

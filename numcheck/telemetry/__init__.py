@@ -24,7 +24,7 @@ def __getattr__(name: str) -> Any:
     elif name in ("ROLES", "NonFinite", "NoProducer", "Telemetry", "classify", "watch"):
         from numcheck.telemetry import watcher as home
     elif name == "register":
-        from numcheck.telemetry import hooks as home
+        from numcheck.telemetry import op_classes as home
     else:
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
     value = globals()[name] = getattr(home, name)

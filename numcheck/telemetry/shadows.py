@@ -20,8 +20,9 @@ from torch import nn
 from torch.overrides import TorchFunctionMode
 
 from numcheck.telemetry._structs import map_tensors, tensors
-from numcheck.telemetry import hooks
-from numcheck.telemetry.hooks import ROOT, classify
+from numcheck.telemetry import op_classes
+from numcheck.telemetry.hooks import ROOT
+from numcheck.telemetry.op_classes import classify
 from numcheck.telemetry.passes import sqnr_pair
 from numcheck.telemetry.rng import own_rng, rng_states, set_rng_states
 
@@ -49,9 +50,9 @@ class KeepFP64(TorchFunctionMode):
         return func(*args, **kwargs) if kwargs else func(*args)
 
 
-class _Capture(KeepFP64, hooks.Observer):
+class _Capture(KeepFP64, op_classes.Observer):
     """KeepFP64 for the whole-model copy, keeping the first output of each function-level op
-    it runs (hooks.FUNCTION_OPS, registered functions) in call order: op -> [outputs]."""
+    it runs (op_classes.FUNCTION_OPS, registered functions) in call order: op -> [outputs]."""
 
     def __init__(self, into: dict) -> None:
         super().__init__()
@@ -59,7 +60,7 @@ class _Capture(KeepFP64, hooks.Observer):
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         out = super().__torch_function__(func, types, args, kwargs)
-        op = hooks.FUNCTION_OPS.get(func)
+        op = op_classes.FUNCTION_OPS.get(func)
         if op is not None:
             self._keep(op, out)
         return out
@@ -115,7 +116,7 @@ def same_modes(live: nn.Module, copy64: nn.Module) -> None:
 
 class Shadows:
     """The float64 shadows of ``model`` (``on=False``: no copies; the hooks then ask for no
-    shadow). ``ops``: module -> its watched op (hooks.classify) or None; ``watch``: whose ``busy``
+    shadow). ``ops``: module -> its watched op (op_classes.classify) or None; ``watch``: whose ``busy``
     flag is up while a shadow runs (the watch's hooks stand aside for the shadows' own ops)."""
 
     def __init__(self, model: nn.Module, ops: dict, on: bool, watch,

@@ -5,7 +5,9 @@ steps run, and the first non-finite producer (docs/telemetry.md).
 each step needs:
 
 * hooks.py: the full hooks on the model's modules, its tensors and autograd nodes, and what
-  each of them reads (the producer check, the rows of the watched modules);
+  each of them reads (the producer check, the rows of the watched modules); op_classes.py:
+  which modules and functions record as which op (``classify``, ``register``), and what is
+  a compiled region;
 * observation.py: the step's memo (each tensor read once a step) and the producer check's
   observations; passes.py: which pass reads a tensor (compiled CPU pass, device pass, torch
   route);
@@ -30,7 +32,8 @@ from torch import nn
 from numcheck.errors import UsageError
 from numcheck.quant.recipe import QuantRecipe, get_recipe
 from numcheck.telemetry.accumulator import ROLES, Accumulator, NonFinite, NoProducer
-from numcheck.telemetry.hooks import ROOT, Hooks, classify, compiled_region, region_body
+from numcheck.telemetry.hooks import ROOT, Hooks
+from numcheck.telemetry.op_classes import classify, compiled_region, region_body
 from numcheck.telemetry.observation import StepReads
 from numcheck.telemetry.passes import all_finite
 from numcheck.telemetry.rng import devices, rng_states, set_rng_states

@@ -388,6 +388,31 @@ def _compare(args: argparse.Namespace) -> int:
     return EXIT_FAILED if any(c.regressed for c in changes) else EXIT_OK
 
 
+@_command("diff", help="where two telemetry runs part ways: the first rows whose statistics "
+                       "differ beyond a noise band",
+          arguments=(_arg("files", nargs="+", metavar="FILE",
+                          help="A B, or A1 A2 ... -- B: telemetry parquet files; the last is "
+                               "run B, the ones before it runs of A (repeats: the band is "
+                               "measured from them)"),
+                     _arg("--first", type=int, default=10,
+                          help="divergences listed (default: %(default)s)"),
+                     _arg("--rtol", type=float, default=None,
+                          help="the relative band without repeats (default: 2^-8)")))
+def _diff(args: argparse.Namespace) -> int:
+    """Align the rows of run B with those of run A (step, rank, module, op, role, pass,
+    recipe) in A's execution order and list the first rows whose statistics differ beyond the
+    band (docs/telemetry.md, "Where two runs part ways"). Exit 1 when they diverge, 0 when
+    not, 2 for unreadable files."""
+    from numcheck.telemetry.divergence import RTOL, diff
+    if len(args.files) < 2:
+        raise UsageError("numcheck diff: give two telemetry files, A B (or A1 A2 ... -- B)")
+    *runs, b = args.files
+    got = diff(runs if len(runs) > 1 else runs[0], b,
+               rtol=RTOL if args.rtol is None else args.rtol)
+    print(got.summary(first=args.first))
+    return EXIT_FAILED if got else EXIT_OK
+
+
 @_command("show", help="a golden or results file as sorted text (git textconv driver)",
           arguments=(_arg("file"),))
 def _show(args: argparse.Namespace) -> int:

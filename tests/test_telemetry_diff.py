@@ -1,0 +1,120 @@
+"""``nc.telemetry.diff`` and ``numcheck diff`` (issue 34, first part: statistics, no digests):
+where two runs of the tiny models part ways. A kernel change planted in one layer from a known
+step is named at that layer and step, first; runs of one program from other seeds stay within
+the band measured from repeats; the files cross processes (the CLI reads what a watch wrote)."""
+from __future__ import annotations
+
+import subprocess
+import sys
+import warnings
+
+import pytest
+import torch
+
+from numcheck import telemetry
+from numcheck.convergence.models import build
+from numcheck.errors import UsageError
+
+pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
+
+
+def _run(name: str, seed: int = 0, steps: int = 4, fault=None):
+    """A watched AdamW run; ``fault``: (module, first step, how) a planted kernel change of that
+    module's output from that step on."""
+    model, task, lr = build(name, seed)
+    opt = torch.optim.AdamW(model.parameters(), lr=lr)
+    at = {"step": 0}
+    if fault is not None:
+        module, first, how = fault
+        dict(model.named_modules())[module].register_forward_hook(
+            lambda m, args, out: how(out) if at["step"] >= first else None)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        with telemetry.watch(model) as t:
+            for step in range(steps):
+                at["step"] = step
+                model.loss(task.batch_at(seed, step)).backward()
+                opt.step()
+                opt.zero_grad()
+                t.step()
+    return t.records()
+
+
+def _scaled(out):   # a kernel that gets its output 5% too large
+    return out * 1.05
+
+
+def _tail_dropped(out):   # a kernel that misses the last quarter of its columns
+    out = out.clone()
+    out[..., 3 * out.shape[-1] // 4:] = 0
+    return out
+
+
+@pytest.mark.parametrize("name,module", [("tiny_lm", "blocks.1.w_up"),
+                                         ("tiny_dit", "blocks.0.fc1")])
+def test_a_planted_kernel_change_is_named_at_its_layer_and_step(name, module):
+    a = _run(name)
+    same = telemetry.diff(a, _run(name))
+    assert not same and same.rows == len(a), same.summary()   # one program: bitwise equal
+    got = telemetry.diff(a, _run(name, fault=(module, 2, _scaled)))
+    first = got.first
+    assert (first.step, first.module, first.op, first.role, first.pass_) == \
+        (2, module, "linear", "output", "forward"), got.summary()
+    assert first.stat in ("amax", "rms") and first.excess > 5, got.summary()
+    assert all(d.step >= 2 for d in got.divergences)
+
+
+@pytest.mark.parametrize("name", ["tiny_lm", "tiny_dit"])
+def test_other_seeds_stay_in_the_band_measured_from_repeats(name):
+    """5 seeds as repeats of A, three more seeds as B: no divergence (measured 2026-12-05 for
+    seeds 5-10 on both models: 0 each). A dropped tail in one layer of seed 5 is still named:
+    its zero fraction goes 0 -> 0.25, beyond any seed's."""
+    reps = [_run(name, seed) for seed in range(5)]
+    for seed in (5, 6, 7):
+        got = telemetry.diff(reps, _run(name, seed))
+        assert not got and "measured from 5 runs" in got.band, got.summary()
+    module = "blocks.1.w_up" if name == "tiny_lm" else "blocks.0.fc1"
+    got = telemetry.diff(reps, _run(name, 5, fault=(module, 1, _tail_dropped)))
+    assert (got.first.step, got.first.module, got.first.role, got.first.stat) == \
+        (1, module, "output", "zero_frac"), got.summary()
+
+
+def test_numcheck_diff_reads_files_another_process_wrote(tmp_path):
+    paths = {}
+    for tag, fault in (("a", None), ("a2", None), ("b", ("blocks.1.w_up", 3, _scaled))):
+        paths[tag] = tmp_path / f"{tag}.parquet"
+        _run("tiny_lm", fault=fault).to_parquet(paths[tag], index=False)
+
+    def numcheck(*args):
+        return subprocess.run([sys.executable, "-m", "numcheck", "diff", *map(str, args)],
+                              capture_output=True, text=True)
+
+    same = numcheck(paths["a"], paths["a2"])
+    assert same.returncode == 0 and "no divergence" in same.stdout, same.stdout + same.stderr
+    got = numcheck(paths["a"], paths["b"], "--first", "3")
+    assert got.returncode == 1, got.stdout + got.stderr
+    assert "the first at step 3 blocks.1.w_up (linear) output forward" in got.stdout
+    assert got.stdout.count("\n  step ") == 3 and "more" in got.stdout
+    # A1 A2 -- B: the band measured from the two runs of A (which agree bitwise: FLOOR)
+    rep = numcheck(paths["a"], paths["a2"], "--", paths["b"])
+    assert rep.returncode == 1 and "measured from 2 runs" in rep.stdout, rep.stdout
+    bad = numcheck(paths["a"], tmp_path / "missing.parquet")
+    assert bad.returncode == 2 and "missing.parquet" in bad.stderr and "no such file" in bad.stderr
+
+
+def test_bad_input_is_a_usage_error(tmp_path):
+    import pandas as pd
+    with pytest.raises(UsageError, match="run B has no column"):
+        telemetry.diff(_run("mlp", steps=1), pd.DataFrame({"step": [0]}))
+    junk = tmp_path / "junk.parquet"
+    junk.write_text("not parquet")
+    with pytest.raises(UsageError, match="junk.parquet.*is not a parquet file"):
+        telemetry.diff(junk, junk)
+
+
+def test_a_row_only_one_run_has_is_a_divergence():
+    a = _run("mlp", steps=2)
+    b = a[~((a.step == 1) & (a.role == "grad_weight"))].reset_index(drop=True)
+    got = telemetry.diff(a, b)
+    assert got.first.stat == "row" and got.first.step == 1 and got.first.role == "grad_weight"
+    assert got.first.b != got.first.b   # NaN: run B has no such row

@@ -7,8 +7,8 @@ order (a step's rows are in the order their tensors were first seen: the forward
 backward), and each aligned row's statistics are compared (``STATS``): element and
 non-finite counts exactly, the largest magnitude, the root mean square and the zero fraction
 within a noise band. A row that only one run has is a divergence of the run's structure. The
-first divergences in execution order come back as a table and as a per (module, step)
-picture of how far beyond its band each row went. A row holds all of a module's calls in a
+first divergences in execution order come back as a table (a per (module, step) picture in the
+HTML report is not built yet). A row holds all of a module's calls in a
 step and sits at the first: a module called before and after the change (a residual add, a
 shared layer) is listed where it first ran, so ``first`` passes over such rows (marked
 "several calls") when a row of a single call diverges in the same step.
@@ -24,7 +24,7 @@ below it needs the tensors' digests (not recorded yet).
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 from numcheck.errors import UsageError
@@ -82,7 +82,6 @@ class Difference:
     divergences: list[Divergence]
     rows: int
     band: str
-    picture: list[tuple[str, int, float]] = field(default_factory=list)
 
     def __bool__(self) -> bool:
         return bool(self.divergences)
@@ -170,7 +169,6 @@ def diff(a, b, *, rtol: float = RTOL) -> Difference:
     ra = reps[0]
     band_of = _measured(reps) if len(reps) > 1 else None
     out: list[Divergence] = []
-    worst: dict[tuple[str, int], float] = {}
     order = list(ra) + [k for k in rb if k not in ra]
     for key in order:
         x, y = ra.get(key), rb.get(key)
@@ -178,7 +176,6 @@ def diff(a, b, *, rtol: float = RTOL) -> Difference:
             out.append(_div(key, "row", math.nan if x is None else 1.0,
                             math.nan if y is None else 1.0, 0.0, math.inf,
                             (x or y)["merged"]))
-            worst[(key[2], key[0])] = math.inf
             continue
         for stat, exact in STATS:
             u, v = x[stat], y[stat]
@@ -193,16 +190,12 @@ def diff(a, b, *, rtol: float = RTOL) -> Difference:
                 if not math.isfinite(gap) or gap > band:
                     excess = gap / band if band > 0 and math.isfinite(gap) else math.inf
                 else:
-                    w = (key[2], key[0])
-                    worst[w] = max(worst.get(w, 0.0), gap / band if band > 0 else 0.0)
                     continue
             out.append(_div(key, stat, u, v, band, excess, x["merged"]))
-            worst[(key[2], key[0])] = max(worst.get((key[2], key[0]), 0.0), excess)
     how = (f"measured from {len(reps)} runs of A ({MARGIN:g}x their largest relative "
            f"deviation per tensor + {FLOOR:g})"
            if band_of else f"{rtol:g} relative (no repeats of A given)")
-    picture = [(m, s, e) for (m, s), e in worst.items()]
-    return Difference(out, sum(1 for k in ra if k in rb), how, picture)
+    return Difference(out, sum(1 for k in ra if k in rb), how)
 
 
 def _measured(reps: list[dict]) -> dict[tuple, dict[str, float]]:

@@ -131,6 +131,9 @@ class Record:
     # error over the condition-aware bound (numcheck.verdicts.conditioning); None: not measured (it is
     # measured where the baseline or componentwise rule fails)
     cond_ratio: float | None = None
+    # the kernel's block errors over the baseline rule's allowance, rank by rank, the worst
+    # (numcheck.measure.paired); None: not measured (the kernel's worst block within the floor)
+    block_ratio: float | None = None
     findings: tuple[str, ...] = ()  # rule messages computed where the data lives (curves)
     known: str = ""  # the kernel's documented weakness that covers this case, if any
     # -- verdicts and diagnostics

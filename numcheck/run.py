@@ -29,7 +29,7 @@ from numcheck import formats
 from numcheck.verdicts import conditioning, conventions
 from numcheck.measure import environment
 from numcheck.cases import inputs
-from numcheck.measure import elements, numerics
+from numcheck.measure import elements, numerics, paired
 from numcheck.verdicts import policy
 from numcheck.verdicts import judge as verdict
 from numcheck.cases.grid import Case
@@ -445,7 +445,8 @@ def _measure(spec: OpSpec, kern: Kernel, case: Case, device: str, o: _Output,
     # tell? The rules ask for the condition-aware bound where the record fails without it: the
     # FP64 reference on perturbed inputs costs DRAWS more references (policy.judge).
     verdict.judge(rec, policy.RecordPolicy.of(
-        spec.policy, lambda: _cond_ratio(spec, case, o, p, ks.fmt, blocks)))
+        spec.policy, lambda: _cond_ratio(spec, case, o, p, ks.fmt, blocks),
+        lambda k, floor: paired.worst_rank(out, bout, ref, k, floor, blocks)))
     if rec.status == Status.FAILED and not rec.known:
         # the backend's own kernel, on the first draw, is the yardstick
         _borrow_backend_finding(rec, spec, kern, case, device,

@@ -193,8 +193,12 @@ def test_sdpa_math_runs_on_cpu():
     assert all(v for v in backends.values())
 
 
-def test_optional_libraries_does_not_import_torchao():
-    sys.modules.pop("torchao", None)
+def test_optional_libraries_does_not_import_torchao(monkeypatch):
+    # torchao and its submodules out of sys.modules for the test, put back after: popping the
+    # package alone left torchao.float8 behind, and the next `import torchao` (transformers',
+    # in a later test of the same worker) built a package without its float8 attribute
+    for name in [m for m in sys.modules if m == "torchao" or m.startswith("torchao.")]:
+        monkeypatch.delitem(sys.modules, name)
     libs = env.optional_libraries()
     assert "torchao" not in sys.modules
     assert libs["pyarrow"]["importable"] and libs["pyarrow"]["version"]

@@ -111,9 +111,9 @@ def _forced(monkeypatch, op: str, kern: Kernel) -> list[tuple[str, str, float, f
 
     make = policy.RecordPolicy.of.__func__
 
-    def eager(cls, pol, bound):
+    def eager(cls, pol, bound, *rest):
         value = bound() if pol.cond_c is not None else None
-        return make(cls, pol, lambda: value)
+        return make(cls, pol, lambda: value, *rest)
 
     monkeypatch.setattr(run, "_cond_ratio", both)
     monkeypatch.setattr(policy.RecordPolicy, "of", classmethod(eager))

@@ -3,6 +3,7 @@ ATen ops one call of it reaches (``reached_ops``, for DESIGN rule 15's borrowed 
 from __future__ import annotations
 
 import contextlib
+import sys
 import inspect
 import warnings
 from typing import Any, Callable
@@ -77,4 +78,10 @@ def reached_ops(kern: Kernel, kin: dict[str, torch.Tensor], grads: tuple[str, ..
                 torch.autograd.grad(out, [kin[n] for n in grads], g, allow_unused=True)
     except Exception:  # noqa: BLE001 - what ran until then is what it reached
         pass
+    if "torch._dynamo" in sys.modules:
+        # What Dynamo compiled under the mode (eager flex_attention compiles its higher-order
+        # op; its frame counters do not show it) stays cached: a frame marked as skipped made
+        # every later flex_attention call in the process raise Unsupported. Forget it all: the
+        # next compiled call compiles afresh (from the on-disk inductor cache).
+        torch._dynamo.reset()
     return frozenset(seen)

@@ -77,11 +77,14 @@ class RecordPolicy(Policy):
 
     cond_bound: Callable[[], float | None] | None = field(default=None, compare=False,
                                                           repr=False)
+    # (k, floor) -> numcheck.measure.paired.WorstRank: the baseline rule rank by rank
+    block_pair: Callable | None = field(default=None, compare=False, repr=False)
 
     @classmethod
-    def of(cls, policy: Policy, cond_bound: Callable[[], float | None]) -> RecordPolicy:
+    def of(cls, policy: Policy, cond_bound: Callable[[], float | None],
+           block_pair: Callable | None = None) -> RecordPolicy:
         return cls(**{f.name: getattr(policy, f.name) for f in fields(Policy)},
-                   cond_bound=cond_bound)
+                   cond_bound=cond_bound, block_pair=block_pair)
 
 
 @dataclass
@@ -90,10 +93,28 @@ class Verdict:
     failures: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)  # rules excused by the condition bound
     cond_ratio: float | None = None  # the condition-aware bound's ratio the rules used
+    block_ratio: float | None = None  # the baseline rule rank by rank (None: not measured)
 
     def fail(self, message: str) -> None:
         self.passed = False
         self.failures.append(message)
+
+
+def _pair_rule(v: Verdict, relative: Callable[[str], None], block_pair, what: str, kk: float,
+               floor: float) -> None:
+    """The baseline rule at every rank of the sorted block errors: the kernel's r-th worst
+    block against the baseline's r-th worst (numcheck.measure.paired)."""
+    if callable(block_pair):
+        w = block_pair(kk, floor)
+        v.block_ratio = w.ratio
+        if not w.ratio <= 1.0:
+            relative(f"{what}: worst block no. {w.rank} (#{w.block}) rel {w.kernel_rel:.3e} > "
+                     f"{kk:g} x the baseline's no. {w.rank} {w.baseline_rel:.3e} + {floor:.1e}")
+        return
+    v.block_ratio = block_pair
+    if not block_pair <= 1.0:
+        relative(f"{what}: a block error is {block_pair:.3g} x what the baseline rule allows "
+                 f"at its rank ({kk:g} x the baseline's of that rank + {floor:.1e})")
 
 
 def _block_rel(s: ErrorStats) -> float:
@@ -106,7 +127,8 @@ def judge(policy: Policy, k: ErrorStats, b: ErrorStats | None, *, what: str = "o
           baseline_bound_ratio: float | None = None, reduction_len: float = 0,
           cond: float = 1.0, grad: bool = False,
           cond_ratio: float | None | Callable[[], float | None] = None,
-          gate_bias: bool | None = None, verdict: Verdict | None = None) -> Verdict:
+          gate_bias: bool | None = None, block_pair: float | Callable | None = None,
+          verdict: Verdict | None = None) -> Verdict:
     """Apply the policy to kernel stats ``k`` (and baseline stats ``b``); messages name ``what``.
 
     compute: the case's compute format; the floor allows one rounding in the coarser of it and
@@ -121,6 +143,11 @@ def judge(policy: Policy, k: ErrorStats, b: ErrorStats | None, *, what: str = "o
     against the reference (which the bound never excuses); the value used is the verdict's
     ``cond_ratio`` (None where not asked).
     gate_bias: whether the truncation rule binds (``rounded_once``); None: the policy says.
+    block_pair: the baseline rule on every rank of the sorted block errors, for records whose
+    worst blocks pass it: a callable ``(k, floor) -> numcheck.measure.paired.WorstRank`` (asked
+    only where the kernel's worst block exceeds the floor), or the ratio it gave (a record
+    judged again); None: not applied (the baseline's worst block may then hide the kernel's
+    errors elsewhere).
     """
     # formats and conditioning import torch: imported here, so that OP_RULES loads without it
     # (numcheck.verdicts.judge hands it to the readers of goldens, numcheck compare and report)
@@ -158,6 +185,8 @@ def judge(policy: Policy, k: ErrorStats, b: ErrorStats | None, *, what: str = "o
             relative(f"{what}: worst block (#{k.worst_block}) SQNR {k.min_block_sqnr_db:.1f} "
                      f"dB, baseline's worst {b.min_block_sqnr_db:.1f} dB: rel {kb:.3e} > "
                      f"{kk:g} x {bb:.3e} + {floor:.1e}")
+        elif block_pair is not None and kb > floor:
+            _pair_rule(v, relative, block_pair, what, kk, floor)
     if policy.max_ulp is not None and not grad and not k.max_ulp <= policy.max_ulp:
         absolute(f"{what}: max ULP {k.max_ulp} > {policy.max_ulp} ({k.fmt}; p99 {k.p99_ulp})")
     if gate_bias is None:
@@ -251,15 +280,19 @@ class OpRules(Family):
         # the record's measured bound, else (a record judged as it is measured) the bound on
         # demand
         cond_ratio = record.cond_ratio
+        block_pair = record.block_ratio
         if cond_ratio is None and isinstance(policy, RecordPolicy):
             cond_ratio = policy.cond_bound
+        if block_pair is None and isinstance(policy, RecordPolicy):
+            block_pair = policy.block_pair
         v = judge(policy or Policy(), record.kernel_stats, record.baseline_stats,
                   what=record.output, compute=record.dtype,
                   bound_ratio=_number(record.bound_ratio),
                   baseline_bound_ratio=_number(record.baseline_bound_ratio),
                   reduction_len=record.reduction_len, cond=record.cond, grad=grad,
-                  cond_ratio=cond_ratio, gate_bias=record.gate_bias)
+                  cond_ratio=cond_ratio, gate_bias=record.gate_bias, block_pair=block_pair)
         record.notes, record.cond_ratio = " | ".join(v.notes), v.cond_ratio
+        record.block_ratio = v.block_ratio
         return v.failures
 
     golden = None  # the common statistics rules (numcheck.goldens.regression) are the ops' rules

@@ -36,6 +36,7 @@ _ALL = dict(recipe="mxfp8", what_if=("mxfp4", "nvfp4"), shadow=True)
 SETTINGS = {
     "disabled": dict(enabled=False),
     "stats": dict(),
+    "+digests": dict(digests=True),   # statistics and each row's digest (issue 34)
     "mxfp8": dict(recipe="mxfp8"),
     "+what-if": dict(recipe="mxfp8", what_if=("mxfp4", "nvfp4")),
     "everything": _ALL,

@@ -1,7 +1,8 @@
-"""``nc.telemetry.diff`` and ``numcheck diff`` (issue 34, first part: statistics, no digests):
-where two runs of the tiny models part ways. A kernel change planted in one layer from a known
-step is named at that layer and step, first; runs of one program from other seeds stay within
-the band measured from repeats; the files cross processes (the CLI reads what a watch wrote)."""
+"""``nc.telemetry.diff`` and ``numcheck diff`` (issue 34): where two runs of the tiny models
+part ways. A kernel change planted in one layer from a known step is named at that layer and
+step, first, by statistics and by digest (a change below the band by digest alone); runs of one
+program from other seeds stay within the band measured from repeats; the files cross
+processes (the CLI reads what a watch wrote)."""
 from __future__ import annotations
 
 import subprocess
@@ -18,7 +19,7 @@ from numcheck.errors import UsageError
 pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
 
 
-def _run(name: str, seed: int = 0, steps: int = 4, fault=None):
+def _run(name: str, seed: int = 0, steps: int = 4, fault=None, digests: bool = False):
     """A watched AdamW run; ``fault``: (module, first step, how) a planted kernel change of that
     module's output from that step on."""
     model, task, lr = build(name, seed)
@@ -30,7 +31,7 @@ def _run(name: str, seed: int = 0, steps: int = 4, fault=None):
             lambda m, args, out: how(out) if at["step"] >= first else None)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        with telemetry.watch(model) as t:
+        with telemetry.watch(model, digests=digests) as t:
             for step in range(steps):
                 at["step"] = step
                 model.loss(task.batch_at(seed, step)).backward()
@@ -42,6 +43,14 @@ def _run(name: str, seed: int = 0, steps: int = 4, fault=None):
 
 def _scaled(out):   # a kernel that gets its output 5% too large
     return out * 1.05
+
+
+def _one_ulp(out):   # a kernel that rounds one element of its output the other way
+    v = out.detach().reshape(-1)[7]
+    step = torch.nextafter(v, torch.tensor(float("inf"), dtype=out.dtype)) - v  # exact
+    bump = torch.zeros(out.numel(), dtype=out.dtype)
+    bump[7] = step
+    return out + bump.view(out.shape)   # v + one ULP is exactly the next float; x + 0 is x
 
 
 def _tail_dropped(out):   # a kernel that misses the last quarter of its columns
@@ -62,6 +71,44 @@ def test_a_planted_kernel_change_is_named_at_its_layer_and_step(name, module):
         (2, module, "linear", "output", "forward"), got.summary()
     assert first.stat in ("amax", "rms") and first.excess > 5, got.summary()
     assert all(d.step >= 2 for d in got.divergences)
+
+
+@pytest.mark.parametrize("name,module", [("tiny_lm", "blocks.1.w_up"),
+                                         ("tiny_dit", "blocks.0.fc1")])
+def test_digests_name_a_change_no_statistic_sees(name, module):
+    """One element one ULP off in one layer from step 2: within every band, so no statistic
+    diverges, but the first row whose bits differ is that layer's output at step 2; every row
+    before it compares equal, and a rerun's digests all agree."""
+    a = _run(name, digests=True)
+    # whole numbers below 2^53, exact in float64: 48 bits a call, a row's calls summed
+    assert a["digest"].notna().all() and (a["digest"] == a["digest"].round()).all()
+    assert (a["digest"] < 2.0 ** 48 * a["calls"]).all()
+    same = telemetry.diff(a, _run(name, digests=True))
+    assert not same and same.digests == same.rows == len(a), same.summary()
+    got = telemetry.diff(a, _run(name, fault=(module, 2, _one_ulp), digests=True))
+    assert got.first is None, got.summary()   # statistics: nothing beyond the band
+    bits = got.first_digest
+    assert (bits.step, bits.module, bits.op, bits.role, bits.pass_) == \
+        (2, module, "linear", "output", "forward"), got.summary()
+    assert all(d.step >= 2 for d in got.divergences) and got   # diverged: exit 1
+    assert f"the first that differs at step 2 {module} (linear) output" in got.summary()
+    # the 5% change: the same row first by statistics and by digest
+    big = telemetry.diff(a, _run(name, fault=(module, 2, _scaled), digests=True))
+    assert big.first.where() == big.first_digest.where() == \
+        f"step 2 {module} (linear) output forward"
+    # a run without digests: nothing to compare, statistics only
+    plain = telemetry.diff(a, _run(name))
+    assert plain.digests == 0 and plain.first_digest is None and not plain
+
+
+def test_digests_that_vary_across_repeats_are_not_compared():
+    """Repeats from other seeds: their digests differ, so B's (another seed) are not compared,
+    and B stays within the band; a row whose bits no seed changes (a zero-initialized
+    modulation weight at step 0) is still compared."""
+    reps = [_run("tiny_dit", seed, steps=2, digests=True) for seed in range(3)]
+    got = telemetry.diff(reps, _run("tiny_dit", 3, steps=2, digests=True))
+    assert not got and got.unstable > 0 and got.digests > 0, got.summary()
+    assert "not compared: their digests vary across A" in got.summary()
 
 
 @pytest.mark.parametrize("name", ["tiny_lm", "tiny_dit"])
@@ -91,6 +138,7 @@ def test_numcheck_diff_reads_files_another_process_wrote(tmp_path):
 
     same = numcheck(paths["a"], paths["a2"])
     assert same.returncode == 0 and "no divergence" in same.stdout, same.stdout + same.stderr
+    assert "digests of" not in same.stdout   # none recorded
     got = numcheck(paths["a"], paths["b"], "--first", "3")
     assert got.returncode == 1, got.stdout + got.stderr
     assert "the first at step 3 blocks.1.w_up (linear) output forward" in got.stdout

@@ -389,7 +389,7 @@ def _compare(args: argparse.Namespace) -> int:
 
 
 @_command("diff", help="where two telemetry runs part ways: the first rows whose statistics "
-                       "differ beyond a noise band",
+                       "differ beyond a noise band, and whose digests differ",
           arguments=(_arg("files", nargs="+", metavar="FILE",
                           help="A B, or A1 A2 ... -- B: telemetry parquet files; the last is "
                                "run B, the ones before it runs of A (repeats: the band is "
@@ -401,8 +401,9 @@ def _compare(args: argparse.Namespace) -> int:
 def _diff(args: argparse.Namespace) -> int:
     """Align the rows of run B with those of run A (step, rank, module, op, role, pass,
     recipe) in A's execution order and list the first rows whose statistics differ beyond the
-    band (docs/telemetry.md, "Where two runs part ways"). Exit 1 when they diverge, 0 when
-    not, 2 for unreadable files."""
+    band, and, where both runs recorded digests (watch(..., digests=True)), whose bits differ
+    (docs/telemetry.md, "Where two runs part ways"). Exit 1 when they diverge, 0 when not, 2
+    for unreadable files."""
     from numcheck.telemetry.divergence import RTOL, diff
     if len(args.files) < 2:
         raise UsageError("numcheck diff: give two telemetry files, A B (or A1 A2 ... -- B)")

@@ -9,11 +9,13 @@ device: the first call that made a NaN or Inf out of finite inputs is ``first``.
 """
 from __future__ import annotations
 
+import math
 from typing import NamedTuple
 
 import torch
 
 from numcheck.telemetry import fields
+from numcheck.telemetry.digest import digest
 from numcheck.telemetry.observation import Pending, StepReads, finite, plain_of, read_back
 from numcheck.telemetry.passes import dev_part, dev_quant, host_quants, put
 
@@ -63,10 +65,11 @@ class Accumulator:
 
     ``reads``: the step's memo (each tensor read once); ``recipes``: (name, QuantRecipe-like,
     what_if) of the watch, whose quantizers add fields to a linear layer's x, w and grad rows;
-    ``rank``: written into every row."""
+    ``rank``: written into every row; ``digests``: each row's digest field as well (else NaN)."""
 
-    def __init__(self, reads: StepReads, recipes: list, rank: int) -> None:
-        self.reads, self.recipes, self.rank = reads, recipes, rank
+    def __init__(self, reads: StepReads, recipes: list, rank: int,
+                 digests: bool = False) -> None:
+        self.reads, self.recipes, self.rank, self.digests = reads, recipes, rank, digests
         # per row key: [host vector (floats), device parts: (field indices, (r, k) rows[, fix])]
         self.slots: dict[tuple, list] = {}
         # producer checks: (module, op, role, pass, flag (None: read at flush()), what the call
@@ -119,6 +122,10 @@ class Accumulator:
         p = self.reads.fields_of(t, True)
         host = isinstance(p, list)
         qs = host_quants(t, [q for _, q, _ in tags]) if host else None
+        bits = None
+        if self.digests:   # a float on the CPU; on a device, read with the step's rows
+            d = digest(t)
+            bits = {"digest": float(d) if d.is_cpu else d}
         for i, (tag, quantizer, what_if) in enumerate(tags):
             slot = self.slots.get((name, op, role, pass_, tag, what_if))
             if slot is None:
@@ -135,6 +142,8 @@ class Accumulator:
                     put(slot[1], dev_quant(t, quantizer, h))
             for e in extra:
                 put(slot[1], dev_part(e, h) if isinstance(e, dict) else e)
+            if bits is not None:
+                put(slot[1], dev_part(bits, h))
 
     def flush(self, step: int) -> None:
         """The step's rows and its first producer: the device parts of its rows and of its
@@ -150,9 +159,12 @@ class Accumulator:
         for k, (raw, parts) in self.slots.items():
             for idx, x, *fix in parts:
                 fields.host_rows(raw, idx, fix[0](got[id(x)]) if fix else got[id(x)])
-            self.rows.append({"step": step, "rank": self.rank, "module": k[0],
-                              "op": k[1], "role": k[2], "pass": k[3], "recipe": k[4],
-                              "what_if": k[5], **dict(zip(fields.NAMES, raw, strict=True))})
+            row = {"step": step, "rank": self.rank, "module": k[0], "op": k[1], "role": k[2],
+                   "pass": k[3], "recipe": k[4], "what_if": k[5],
+                   **dict(zip(fields.NAMES, raw, strict=True))}
+            if not self.digests:
+                row["digest"] = math.nan
+            self.rows.append(row)
         # rows of what modules made (outputs, gradients) holding NaN/Inf: an input row's -inf
         # may be a mask (masked softmax's logits), consumed, never a fault by itself
         self.nonfinite_rows += sum(r["n_nan"] + r["n_inf"] > 0 and r["role"] not in (

@@ -64,6 +64,9 @@ FIELDS: tuple[tuple[str, str], ...] = (
                                 # live and in no other block statistic; counted here
     ("sh_n", "sum"), ("sh_sig_sq", "sum"), ("sh_err_sq", "sum"),     # layer's own (shadow)
     ("e2e_n", "sum"), ("e2e_sig_sq", "sum"), ("e2e_err_sq", "sum"),  # vs an fp64 model copy
+    # 48 bits of the tensors' bit patterns (numcheck/telemetry/digest.py), summed over the
+    # row's calls; NaN in a watch without digests=True
+    ("digest", "sum"),
 )
 NAMES = tuple(f for f, _ in FIELDS)
 INDEX = {f: i for i, f in enumerate(NAMES)}

@@ -114,7 +114,7 @@ class Telemetry:
 
     def __init__(self, model: nn.Module, recipe=None, shadow: bool = False, what_if=(),
                  every: int = 1, enabled: bool = True, rank: int | None = None,
-                 inside_compiled: bool = False) -> None:
+                 inside_compiled: bool = False, digests: bool = False) -> None:
         if not isinstance(model, nn.Module):
             raise UsageError(f"watch: model must be an nn.Module, got {type(model).__name__}")
         every = _steps(every)
@@ -170,7 +170,7 @@ class Telemetry:
                 "inside_compiled=True) for per-layer rows, at the cost of graph breaks "
                 "(docs/telemetry.md)", UserWarning, stacklevel=3)
         self.reads = StepReads()
-        self.acc = Accumulator(self.reads, self.recipes, rank)
+        self.acc = Accumulator(self.reads, self.recipes, rank, bool(digests))
         # float64 shadows, copied before any hook of ours exists (deepcopy copies hooks)
         self.shadows = Shadows(model, ops, shadow, self, names)
         self.hooks = Hooks(self, model, names, ops, self.reads, self.acc, self.shadows,
@@ -388,12 +388,14 @@ class Telemetry:
 
 def watch(model: nn.Module, recipe=None, shadow: bool = False, what_if=(), every: int = 1, *,
           enabled: bool = True, rank: int | None = None,
-          inside_compiled: bool = False) -> Telemetry:
+          inside_compiled: bool = False, digests: bool = False) -> Telemetry:
     """Attach telemetry to ``model`` (docs/telemetry.md); use as a context manager, or call
     ``close()``. ``recipe``/``what_if``: QuantRecipe names (numcheck.quant.recipe.RECIPES) or
     objects; ``every``: record statistics on every n-th step (the producer check covers every
     step: in between, numcheck/telemetry/sentinel.py); ``enabled=False`` attaches disabled; ``rank`` defaults to torch.distributed's.
     ``inside_compiled``: a ``torch.compile``d model (or submodule) is watched from its compiled
     region's boundary (its program unchanged); True puts the per-layer hooks inside it too,
-    which breaks its graphs (the first step says by how much)."""
-    return Telemetry(model, recipe, shadow, what_if, every, enabled, rank, inside_compiled)
+    which breaks its graphs (the first step says by how much). ``digests``: each row also
+    holds a 48-bit digest of its tensors' bits (numcheck/telemetry/digest.py), for ``diff``."""
+    return Telemetry(model, recipe, shadow, what_if, every, enabled, rank, inside_compiled,
+                     digests)

@@ -150,6 +150,45 @@ def test_numcheck_diff_reads_files_another_process_wrote(tmp_path):
     assert bad.returncode == 2 and "missing.parquet" in bad.stderr and "no such file" in bad.stderr
 
 
+_OTHER_MACHINE = """
+import sys, warnings, torch
+from numcheck import telemetry
+from numcheck.convergence.models import build
+torch.set_num_threads(1)
+model, task, lr = build("tiny_lm", 0)
+opt = torch.optim.AdamW(model.parameters(), lr=lr)
+with warnings.catch_warnings():
+    warnings.simplefilter("ignore")
+    with telemetry.watch(model, digests=True) as t:
+        for step in range(4):
+            model.loss(task.batch_at(0, step)).backward()
+            opt.step()
+            opt.zero_grad()
+            t.step()
+t.records().to_parquet(sys.argv[1], index=False)
+"""
+
+
+def test_another_machines_file_parts_where_its_bits_do(tmp_path):
+    """ATEN_CPU_CAPABILITY=default stands for a machine without AVX2: tiny_lm's float32
+    normal_ init draws other weights there (docs/findings.md), so the first digest that
+    differs is a weight at step 0, while the statistics stay within the default band (one
+    exact zero more among 16384 gradient elements at step 3 is within the zero fraction's)."""
+    import os
+    if torch.backends.cpu.get_cpu_capability() == "DEFAULT":
+        pytest.skip("this machine runs the default ISA tier itself: no other machine to be")
+    path = tmp_path / "default.parquet"
+    env = {**os.environ, "ATEN_CPU_CAPABILITY": "default",
+           "TORCHINDUCTOR_CACHE_DIR": str(tmp_path / "inductor")}
+    subprocess.run([sys.executable, "-c", _OTHER_MACHINE, str(path)], env=env, check=True,
+                   capture_output=True)
+    here = _run("tiny_lm", digests=True)
+    got = telemetry.diff(here, path)
+    bits = got.first_digest
+    assert (bits.step, bits.role, bits.pass_) == (0, "weight", "forward"), got.summary()
+    assert got.first is None, got.summary()
+
+
 def test_bad_input_is_a_usage_error(tmp_path):
     import pandas as pd
     with pytest.raises(UsageError, match="run B has no column"):

@@ -5,7 +5,8 @@ returns a ``Telemetry`` (context manager): ``step()``, ``records()``, ``to_parqu
 ``first_nonfinite()``, ``enable()`` / ``disable()`` / ``enabled``, ``close()``.
 ``merge(frames)`` merges per-rank records (frames or parquet paths); ``register(target, op)``
 watches a module class, a function or "module:function" as an op; ``diff(a, b)`` says where
-two runs' telemetry parts ways.
+two runs' telemetry parts ways; ``compare(model, batches, a, b)`` runs two configurations of
+one model and names the first layer where B parts from A.
 
 Names load on first use (PEP 562): the family's rules (``telemetry_rules``, torch-free) are read
 by ``numcheck compare`` / ``report`` without importing torch.
@@ -15,7 +16,7 @@ from __future__ import annotations
 from typing import Any
 
 __all__ = ["COLUMNS", "DERIVED", "FIELDS", "KEY", "ROLES", "NonFinite", "NoProducer", "Telemetry",
-           "classify", "diff", "merge", "quant_stats", "register", "tensor_stats", "watch"]
+           "classify", "compare", "diff", "merge", "quant_stats", "register", "tensor_stats", "watch"]
 
 
 def __getattr__(name: str) -> Any:
@@ -28,6 +29,8 @@ def __getattr__(name: str) -> Any:
         from numcheck.telemetry import op_classes as home
     elif name == "diff":
         from numcheck.telemetry import divergence as home
+    elif name == "compare":
+        from numcheck.telemetry import live as home
     else:
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
     value = globals()[name] = getattr(home, name)

@@ -63,3 +63,16 @@ def test_the_same_on_every_isa_tier_and_thread_count():
     out = subprocess.run([sys.executable, "-c", _SCRIPT], capture_output=True, text=True,
                          env=env, check=True)
     assert json.loads(out.stdout.strip().splitlines()[-1]) == here
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("shape", [(67, 129), (5,), (), (3, 4, 7)])
+def test_the_compiled_cpu_pass_gives_the_torch_routes_digest(dtype, shape):
+    """numcheck/telemetry/_fields_numba.py's one loop (what CPU tensors take) against the
+    torch ops (the CUDA route and the reference): the same integer, transposed views too."""
+    fast = pytest.importorskip("numcheck.telemetry._fields_numba")
+    x = torch.randn(shape, generator=torch.Generator().manual_seed(3),
+                    dtype=torch.float64).to(dtype)
+    assert fast.digest(x) == float(digest(x))
+    xt = torch.randn(7, 9, dtype=torch.float64).to(dtype).t()
+    assert fast.digest(xt) == float(digest(xt))

@@ -59,22 +59,35 @@ from liger_kernel.ops.rope import LigerRopeFunction
 from liger_kernel.ops.softmax import LigerSoftmaxFunction
 from liger_kernel.ops.swiglu import LigerSiLUMulFunction
 
+def llama_cast(case, device, output):  # docs/findings.md, liger-kernel's RMSNorm
+    if output == "grad_weight" and case.dtype in ("bf16", "fp16"):
+        return ("liger-kernel 0.8.5: rms_norm casting_mode='llama' forms grad_weight from "
+                "x * rstd rounded to the input dtype (Hugging Face Llama's cast, on purpose)")
+    return None
+
 def rms_norm_of(Function, casting_mode="llama"):  # apply(X, W, eps, offset, casting_mode, in_place)
-    return nc.adapt(Function, lambda x, weight, eps: (x, weight, eps, 0.0, casting_mode, False),
-                    name="liger_rms_norm")
+    fn = nc.adapt(Function, lambda x, weight, eps: (x, weight, eps, 0.0, casting_mode, False))
+    return nc.kernel("rms_norm", name=f"liger_rms_norm_{casting_mode}",
+                     known_failure=llama_cast if casting_mode == "llama" else None)(fn)
 
 def bf16_backward_sum(case, device, output):  # docs/findings.md, liger-kernel's softmax
     if output == "grad_x" and case.dtype in ("bf16", "fp16"):
         return "liger-kernel 0.8.5: softmax backward sums dy * y with tl.sum in the input dtype"
     return None
 
-@nc.kernel("softmax", name="liger_softmax", known_failure=bf16_backward_sum)
+def one_block(case, device):  # liger_kernel.ops.utils.calculate_settings raises above it
+    if case.shape[-1] > 65536:
+        return "liger-kernel 0.8.5 softmax: rows longer than 65536 raise (one Triton block)"
+    return None
+
+@nc.kernel("softmax", name="liger_softmax", known_failure=bf16_backward_sum, supports=one_block)
 def softmax(x, dim=-1):  # the kernel reduces over the last dim: move dim there and back
     return LigerSoftmaxFunction.apply(x.transpose(dim, -1).contiguous()).transpose(dim, -1)
 
 from liger_kernel.ops.rms_norm import LigerRMSNormFunction
 OPS = {
-    "rms_norm": rms_norm_of(LigerRMSNormFunction),
+    "rms_norm": rms_norm_of(LigerRMSNormFunction),  # the library's default, "llama"
+    "rms_norm_gemma": rms_norm_of(LigerRMSNormFunction, "gemma"),  # fp32 throughout
     "layer_norm": nc.adapt(LigerLayerNormFunction,  # forward(ctx, X, W, B, eps)
                            lambda x, weight, bias, eps: (x, weight, bias, eps)),
     "swiglu": nc.adapt(LigerSiLUMulFunction),
@@ -86,19 +99,20 @@ OPS = {
     "cross_entropy": nc.adapt(LigerCrossEntropyFunction, lambda logits, target: (
         logits, target, None, -100, 0.0, 0.0, "mean"), output=0),
 }
-out = {op: summary(nc.verify(op, fn, device=DEVICE)) for op, fn in OPS.items()}
-faults = {
+out = {key: summary(nc.verify(key.split("_gemma")[0], fn, device=DEVICE))
+       for key, fn in OPS.items()}
+faults = {  # planted in the "gemma" mode, which passes everything: nothing declared known
     # the library's own switch: mean of squares and rstd in the input dtype
     "low_precision_reduction": rms_norm_of(LigerRMSNormFunction, "none"),
     # the mean over the padded block instead of the row (zeros in the masked tail)
     "tail": rms_norm_of(mutant("liger_kernel.ops.rms_norm",
                                ("X_row, axis=0) / n_cols", "X_row, axis=0) / BLOCK_SIZE", 1),
                                ("X_row, axis=1) / n_cols", "X_row, axis=1) / BLOCK_SIZE", 1)
-                               ).LigerRMSNormFunction),
+                               ).LigerRMSNormFunction, "gemma"),
     # eps added to the reciprocal instead of the mean square
     "eps_placement": rms_norm_of(mutant("liger_kernel.ops.rms_norm",
                                         ("rsqrt(mean_square + eps)", "rsqrt(mean_square) + eps",
-                                         2)).LigerRMSNormFunction),
+                                         2)).LigerRMSNormFunction, "gemma"),
 }
 for fault, fn in faults.items():
     out[fault] = summary(nc.verify("rms_norm", fn, device=DEVICE))
@@ -224,16 +238,26 @@ def torchao():
     return _corpus("torchao", "torchao", _TORCHAO, "torchao")
 
 
-@pytest.mark.parametrize("op", ["rms_norm", "layer_norm", "swiglu", "softmax", "rope",
-                                "cross_entropy"])
+@pytest.mark.parametrize("op", ["rms_norm", "rms_norm_gemma", "layer_norm", "swiglu",
+                                "softmax", "rope", "cross_entropy"])
 def test_liger_kernels_run_interpreted_and_pass(liger, op):
     """Correct kernels: every case runs (no interpreter crash: float eps, libdevice rsqrt, bf16
-    arithmetic) and passes, forward and backward, bf16 and fp16 included."""
+    arithmetic) and passes, forward and backward, bf16 and fp16 included; the softmax's rows
+    past its one-block limit skip with the library's reason instead of erroring."""
     got = liger[op]
     assert got["executed"] > 0 and not got["errors"], got
     assert got["passed"], got
-    if op != "softmax":
+    if op not in ("softmax", "rms_norm"):
         assert not got["known"], got
+
+
+def test_liger_rms_norm_llama_cast_costs_the_weight_gradient(liger):
+    """The default "llama" mode rounds x * rstd to the input dtype before the weight gradient
+    (Hugging Face Llama's cast): against the fp32-inside baseline it fails grad_weight where
+    rows cancel or the weight is fp32 (an fp16 gradient of an fp32 master weight), and only
+    there; declared known in the adapter (docs/findings.md). "gemma" passes everything."""
+    known = liger["rms_norm"]["known"]
+    assert known and all(c.startswith(("bf16", "fp16")) for c in known), known
 
 
 def test_liger_softmax_backward_sums_in_bf16(liger):

@@ -25,6 +25,9 @@ min_nonzero that ``NonFinite.inputs`` shows), at about half the full pass's cost
 
 ``finite(t)``: no NaN and no Inf, one integer max (the sentinel's reads).
 
+``digest`` is numcheck/telemetry/digest.py's digest in one loop over the bits (integer sums
+modulo a prime: the same value as the torch route, exactly).
+
 ``sqnr`` is ``fields.sqnr_pair``'s two sums (signal and error energy against a float64
 reference) in one loop, the same four-way order, hence the same tolerance.
 
@@ -40,6 +43,7 @@ import torch
 
 from numcheck import formats
 from numcheck.measure.backend import njit
+from numcheck.telemetry import digest as _digest_def
 from numcheck.telemetry import fields
 
 # The formats' exact constants (numcheck.formats), as module globals: numba freezes them into
@@ -111,6 +115,50 @@ _FINITE = {d: (None if d in (torch.float32, torch.float64) else ibits,
                torch.empty(0, dtype=ibits).numpy().dtype, inf,
                torch.empty(0, dtype=ibits).numpy().dtype.type(mask))
            for d, (ibits, inf, mask) in _BITS.items()}
+
+
+# dtype -> (the torch view numpy can hold, the numpy integer view, the bits' mask): 8-byte
+# elements as two 4-byte halves, as the torch route reads them
+_DIGEST_VIEW = {torch.float32: (None, np.int32, 0xFFFFFFFF),
+                torch.float64: (None, np.int32, 0xFFFFFFFF),
+                torch.bfloat16: (torch.int16, np.int16, 0xFFFF),
+                torch.float16: (torch.int16, np.int16, 0xFFFF)}
+_P, _A, _B, _LOW = _digest_def.P, _digest_def.A, _digest_def.B, _digest_def.LOW
+
+
+def digest(t: torch.Tensor) -> float:
+    """numcheck.telemetry.digest.digest of a non-empty tensor ``handles`` accepts, as a float."""
+    x = t.detach() if t.requires_grad else t
+    if x.dim() == 0:
+        x = x.reshape(1)
+    if not x.is_contiguous():
+        x = x.contiguous()
+    view, np_int, mask = _DIGEST_VIEW[x.dtype]
+    a = (x.view(view) if view is not None else x).numpy()
+    b = a.view(np_int)
+    return float(_digest_pass(b.reshape(-1, b.shape[-1]), np.int64(mask)))
+
+
+@njit(error_model="numpy")
+def _digest_pass(b, mask):
+    """D_c * LOW + D_r mod LOW over the (rows, cols) bits (digest.py's module doc): column sums
+    kept, row sums folded in as each row ends, every product of two residues below 2^62."""
+    rows, cols = b.shape
+    col = np.zeros(cols, np.int64)
+    dr = np.int64(0)
+    for i in range(rows):
+        rs = np.int64(0)
+        for j in range(cols):
+            x = np.int64(b[i, j]) & mask
+            rs += x
+            col[j] += x
+        w = (np.int64(i) * _B + 1) % _P + 1
+        dr = (dr + (rs % _P) * w % _P) % _P
+    dc = np.int64(0)
+    for j in range(cols):
+        w = (np.int64(j) * _A + 1) % _P + 1
+        dc = (dc + (col[j] % _P) * w % _P) % _P
+    return dc * _LOW + dr % _LOW
 
 
 def sqnr(out: torch.Tensor, ref64: torch.Tensor) -> tuple[float, float] | None:

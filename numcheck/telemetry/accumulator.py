@@ -15,9 +15,8 @@ from typing import NamedTuple
 import torch
 
 from numcheck.telemetry import fields
-from numcheck.telemetry.digest import digest
 from numcheck.telemetry.observation import Pending, StepReads, finite, plain_of, read_back
-from numcheck.telemetry.passes import dev_part, dev_quant, host_quants, put
+from numcheck.telemetry.passes import dev_part, dev_quant, digest_field, host_quants, put
 
 ROLES = ("input", "weight", "output", "grad_output", "grad_input", "grad_weight")
 QUANT_ROLE = {"input": "x", "weight": "w", "grad_output": "grad"}  # linear roles a recipe has
@@ -122,10 +121,7 @@ class Accumulator:
         p = self.reads.fields_of(t, True)
         host = isinstance(p, list)
         qs = host_quants(t, [q for _, q, _ in tags]) if host else None
-        bits = None
-        if self.digests:   # a float on the CPU; on a device, read with the step's rows
-            d = digest(t)
-            bits = {"digest": float(d) if d.is_cpu else d}
+        bits = digest_field(t) if self.digests else None
         for i, (tag, quantizer, what_if) in enumerate(tags):
             slot = self.slots.get((name, op, role, pass_, tag, what_if))
             if slot is None:

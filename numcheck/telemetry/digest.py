@@ -20,7 +20,10 @@ from __future__ import annotations
 import torch
 
 P = (1 << 31) - 1
-_A, _B = 2654435761, 40503  # multipliers of the weight sequences (Knuth's golden-ratio hash)
+# multipliers of the column and row weight sequences (Knuth's golden-ratio hash; any odd
+# constants would do): w_j = (j A + 1) mod P + 1, v_i = (i B + 1) mod P + 1
+A, B = 2654435761, 40503
+LOW = 1 << 17   # D_r's part of the digest: D_c * LOW + D_r mod LOW
 _VIEWS = {1: (torch.uint8, 0xFF), 2: (torch.int16, 0xFFFF), 4: (torch.int32, 0xFFFFFFFF),
           8: (torch.int32, 0xFFFFFFFF)}
 
@@ -30,7 +33,9 @@ def _weights(n: int, mult: int, device) -> torch.Tensor:
 
 
 def digest(t: torch.Tensor) -> torch.Tensor:
-    """The 48-bit digest of t's bits, a 0-d float64 tensor on t's device (no host sync)."""
+    """The 48-bit digest of t's bits, a 0-d float64 tensor on t's device (no host sync): the
+    torch route (about ten ops), the CUDA route and the reference of the compiled CPU pass
+    (numcheck/telemetry/_fields_numba.py ``digest``, one loop)."""
     x = t.detach()
     if x.dim() == 0:
         x = x.reshape(1)
@@ -42,6 +47,6 @@ def digest(t: torch.Tensor) -> torch.Tensor:
     b = x.view(view).to(torch.int64) & mask
     cols = b.shape[-1]
     b = b.reshape(-1, cols)
-    dc = ((b.sum(0) % P) * _weights(cols, _A, b.device) % P).sum() % P
-    dr = ((b.sum(1) % P) * _weights(b.shape[0], _B, b.device) % P).sum() % P
-    return (dc * (1 << 17) + dr % (1 << 17)).to(torch.float64)
+    dc = ((b.sum(0) % P) * _weights(cols, A, b.device) % P).sum() % P
+    dr = ((b.sum(1) % P) * _weights(b.shape[0], B, b.device) % P).sum() % P
+    return (dc * LOW + dr % LOW).to(torch.float64)

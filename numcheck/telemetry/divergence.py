@@ -219,8 +219,8 @@ def _table(x, what: str):
 class _Run:
     """One run's rows as numpy columns, in its (execution) order: ``key`` the ALIGN columns
     packed into one int64 (codes shared by all runs of a diff), ``key4`` (step, rank, module,
-    op) alone, the statistics, ``digest`` (NaN: none), ``merged``, and ``labels`` (the ALIGN
-    columns, read only for the rows shown)."""
+    op) alone, the statistics, ``digest`` (NaN: none), ``merged``; ``codes`` also names the
+    string codes, decoded only for the rows shown (``_labels``)."""
 
     def __init__(self, table, codes: dict) -> None:
         c = {k: np.asarray(codes[k]) if k in codes else
@@ -237,18 +237,14 @@ class _Run:
         self.digest = (table.column("digest").to_numpy(zero_copy_only=False).astype(np.float64)
                        if "digest" in table.column_names else np.full(len(n), np.nan))
         self.calls = num["calls"]
-        self.labels = table
 
-    def pack(self, sizes: dict, lows: dict) -> None:
+    def pack(self, sizes: dict, lows: dict, output: int) -> None:
+        """The keys, packed; ``output``: the code of role "output" (-2: none)."""
         self.key = _packed(self.codes, ALIGN, sizes, lows)
         self.key4 = _packed(self.codes, ALIGN[:4], sizes, lows)
         self.tensor = _packed(self.codes, ALIGN[1:], sizes, lows)   # the key without its step
-        out = self.codes["role"] == _ROLE_OUTPUT[0]
-        several = np.unique(self.key4[out & (self.calls > 1)])
+        several = np.unique(self.key4[(self.codes["role"] == output) & (self.calls > 1)])
         self.merged = np.isin(self.key4, several)
-
-
-_ROLE_OUTPUT = [-1]   # the code of "output" in the current diff's role dictionary
 
 
 def _packed(codes: dict, names: tuple, sizes: dict, lows: dict) -> np.ndarray:
@@ -274,7 +270,7 @@ def _runs(tables: list) -> list[_Run]:
         dicts[k] = unified.chunk(0).dictionary.to_pylist()
         for i, ch in enumerate(unified.chunks):
             codes[i][k] = ch.indices.fill_null(-1).to_numpy(zero_copy_only=False)
-    _ROLE_OUTPUT[0] = dicts["role"].index("output") if "output" in dicts["role"] else -2
+    output = dicts["role"].index("output") if "output" in dicts["role"] else -2
     runs = [_Run(t, c) for t, c in zip(tables, codes, strict=True)]
     lows, sizes = {}, {}
     for k in ALIGN:
@@ -286,7 +282,7 @@ def _runs(tables: list) -> list[_Run]:
         raise UsageError("telemetry diff: too many distinct (step, rank, module, op, role, "
                          "pass, recipe) values to align (more than 2^62 combinations)")
     for r in runs:
-        r.pack(sizes, lows)
+        r.pack(sizes, lows, output)
     for k in _STRINGS:   # labels for the rows shown
         for r in runs:
             r.codes[f"{k}_names"] = dicts[k]

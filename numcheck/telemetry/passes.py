@@ -28,6 +28,7 @@ from numcheck.measure import backend
 from numcheck.quant.mx import MXFormat
 from numcheck.quant.nvfp4 import NVFP4Format
 from numcheck.telemetry import fields
+from numcheck.telemetry.digest import digest
 
 # The compiled passes' kinds for numcheck.measure.backend (its doc: the switch that turns them
 # off, NUMCHECK_BACKEND=torch, and the substitutes tests plant).
@@ -63,6 +64,20 @@ def read(t: torch.Tensor, full: bool):
     (dev_rows)."""
     p = _host_plain(t, full)
     return p if p is not None else dev_rows(t)
+
+
+def digest_field(t: torch.Tensor) -> dict:
+    """{"digest": ...} of a non-empty tensor (numcheck/telemetry/digest.py): a float from the
+    compiled CPU pass, else the torch route's 0-d tensor (a float on the CPU, read with the
+    step's rows on a device)."""
+    fast = _fast()
+    if fast is not None and fast.handles(t):
+        try:
+            return {"digest": fast.digest(t)}
+        except Exception as exc:  # noqa: BLE001 - as in _host_plain
+            _broken(exc)
+    d = digest(t)
+    return {"digest": float(d) if d.is_cpu else d}
 
 
 def _host_sqnr(out: torch.Tensor, ref64: torch.Tensor) -> tuple[float, float] | None:

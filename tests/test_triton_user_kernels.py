@@ -165,7 +165,10 @@ def silu_k(X, Y, N, BLOCK: tl.constexpr):
     m = i < N
     x = tl.load(X + i, mask=m, other=0.0).to(tl.float32)
     big = tl.exp(x * 0.0 + 1000.0)  # overflows on purpose: numpy warns, the result is unused
+    # an fp16 sum that overflows: numpy warns from its own fromnumeric module, not triton's
+    tot = tl.sum((x * 0.0 + 60000.0).to(tl.float16), axis=0)
     y = tl.where(big > 0.0, x / (1.0 + tl.exp(-x)), x)
+    y = tl.where(tot != 0.0, y, x)
     tl.store(Y + i, y.to(Y.dtype.element_ty), mask=m)
 
 def silu(x):
@@ -197,4 +200,5 @@ def test_numpy_warnings_of_interpreted_kernels_are_silenced_in_verify():
     assert res.returncode == 0, res.stderr[-3000:]
     got = json.loads(res.stdout.strip().splitlines()[-1])
     assert any("overflow" in m for m in got["bare"]), got  # the interpreter does warn
+    assert any("in reduce" in m for m in got["bare"]), got  # numpy's sum, attributed to numpy
     assert got["verify"] == [] and got["passed"] and got["n"] > 0, got

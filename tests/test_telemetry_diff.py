@@ -96,6 +96,11 @@ def test_digests_name_a_change_no_statistic_sees(name, module):
     big = telemetry.diff(a, _run(name, fault=(module, 2, _scaled), digests=True))
     assert big.first.where() == big.first_digest.where() == \
         f"step 2 {module} (linear) output forward"
+    from numcheck.telemetry.divergence_html import diff_html
+    html = diff_html(got)   # the digest heatmap: the layer's output row from step 2 on
+    assert "digests: 1 where" in html and "statistics: the largest" not in html
+    assert f'data-module="{module}" data-op="linear" data-role="output"' in html
+    assert html.count("the first (digest)") == 1
     # a run without digests: nothing to compare, statistics only
     plain = telemetry.diff(a, _run(name))
     assert plain.digests == 0 and plain.first_digest is None and not plain
@@ -139,8 +144,13 @@ def test_numcheck_diff_reads_files_another_process_wrote(tmp_path):
     same = numcheck(paths["a"], paths["a2"])
     assert same.returncode == 0 and "no divergence" in same.stdout, same.stdout + same.stderr
     assert "digests of" not in same.stdout   # none recorded
-    got = numcheck(paths["a"], paths["b"], "--first", "3")
+    page = tmp_path / "diff.html"
+    got = numcheck(paths["a"], paths["b"], "--first", "3", "--html", page)
     assert got.returncode == 1, got.stdout + got.stderr
+    html = page.read_text()   # the first divergences and the excess heatmap, no digest one
+    assert "statistics: the largest |B - A| / band" in html and "digests: 1 where" not in html
+    assert html.count("the first (statistics)") == 1
+    assert 'data-module="blocks.1.w_up" data-op="linear" data-role="output"' in html
     assert "the first at step 3 blocks.1.w_up (linear) output forward" in got.stdout
     assert got.stdout.count("\n  step ") == 3 and "more" in got.stdout
     # A1 A2 -- B: the band measured from the two runs of A (which agree bitwise: FLOOR)

@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from pathlib import Path
 from typing import Callable
 
 from numcheck.cases.grid import CASE_SETS
@@ -397,7 +398,10 @@ def _compare(args: argparse.Namespace) -> int:
                      _arg("--first", type=int, default=10,
                           help="divergences listed (default: %(default)s)"),
                      _arg("--rtol", type=float, default=None,
-                          help="the relative band without repeats (default: 2^-8)")))
+                          help="the relative band without repeats (default: 2^-8)"),
+                     _arg("--html", metavar="PATH", default=None,
+                          help="also write the page: the first divergences and per module x "
+                               "step heatmaps of the excess over the band and of the digests")))
 def _diff(args: argparse.Namespace) -> int:
     """Align the rows of run B with those of run A (step, rank, module, op, role, pass,
     recipe) in A's execution order and list the first rows whose statistics differ beyond the
@@ -411,6 +415,14 @@ def _diff(args: argparse.Namespace) -> int:
     got = diff(runs if len(runs) > 1 else runs[0], b,
                rtol=RTOL if args.rtol is None else args.rtol)
     print(got.summary(first=args.first))
+    if args.html:
+        from numcheck.telemetry.divergence_html import diff_html
+        path = Path(args.html)
+        try:
+            path.write_text(diff_html(got, first=args.first))
+        except OSError as e:
+            raise UsageError(f"numcheck diff --html {str(path)!r}: cannot write it ({e})") from e
+        print(f"page: {path}")
     return EXIT_FAILED if got else EXIT_OK
 
 

@@ -598,9 +598,9 @@ def test_results_report_per_step_keeps_nonfinite_steps_and_poison_and_skips_malf
     """Past MAX_STEPS columns the steps are sampled, but a step with a NaN or Inf is always
     drawn; two records of one layer merge to the worse value, a NaN to NaN, an undefined step
     (None) to the other's value; a malformed list (another length) is left out."""
-    from numcheck.telemetry.telemetry_html import MAX_STEPS, _shown_steps
+    from numcheck.telemetry.telemetry_html import MAX_STEPS, shown_steps
     n = 3 * MAX_STEPS
-    sampled = _shown_steps(list(range(n)))
+    sampled = shown_steps(list(range(n)))
     bad_step = next(s for s in range(n) if s not in sampled)
     s1, s2 = sampled[1], sampled[2]
 
@@ -639,9 +639,9 @@ def test_a_run_that_stays_non_finite_adds_one_column_not_one_per_step():
     """A run that diverges at a step and stays NaN: the onset is drawn, the later NaN steps
     are sampled like any other; a malformed per_step (an Infinity step, a huge value) is left
     out without breaking the page."""
-    from numcheck.telemetry.telemetry_html import MAX_STEPS, _shown_steps
+    from numcheck.telemetry.telemetry_html import MAX_STEPS, shown_steps
     n = 20 * MAX_STEPS
-    sampled = _shown_steps(list(range(n)))
+    sampled = shown_steps(list(range(n)))
     onset = next(s for s in range(n // 2, n) if s not in sampled)
     nf = [0.0] * onset + [3.0] * (n - onset)
     rec = Record(suite="telemetry", family="telemetry", op="telemetry", kernel="linear",

@@ -8,7 +8,7 @@ import math
 
 from numcheck.report.htmlkit import e as _e, num as _num, page as _page, table as _table
 from numcheck.telemetry.divergence import Difference
-from numcheck.telemetry.telemetry_html import _shown_steps, _step_heatmap
+from numcheck.telemetry.telemetry_html import shown_steps, step_heatmap
 
 # Divergences drawn at most (in execution order): a picture of the first ones, not of a run
 # that diverged everywhere after them
@@ -35,7 +35,7 @@ def diff_html(d: Difference, *, title: str = "numcheck diff", first: int = 20) -
         row = excess.setdefault(key, {})
         row[x.step] = max(row.get(x.step, 0.0), v)
     steps = sorted({s for row in (*excess.values(), *bits.values()) for s in row})
-    shown = _shown_steps(steps)
+    shown = shown_steps(steps)
     named = [(m.where(), m.stat, tag) for m, tag in ((d.first, "the first (statistics)"),
                                                       (d.first_digest, "the first (digest)"))
              if m is not None]
@@ -50,9 +50,9 @@ def diff_html(d: Difference, *, title: str = "numcheck diff", first: int = 20) -
     if rows:
         body.append(_table(["where", "statistic", "A", "B", "band", "excess", ""], rows))
     if excess:
-        body.append(_step_heatmap(excess, order, shown, _EXCESS, ""))
+        body.append(step_heatmap(excess, order, shown, _EXCESS, ""))
     if bits:
-        body.append(_step_heatmap(bits, order, shown, _DIGEST, ""))
+        body.append(step_heatmap(bits, order, shown, _DIGEST, ""))
     if len(d) > MAX_DRAWN:
         body.append(f'<p class="note">The heatmaps draw the first {MAX_DRAWN} of '
                     f"{len(d)} divergences.</p>")

@@ -101,7 +101,7 @@ def _telemetry_steps(rs: list[Record], keys: list[str], recipe: str) -> str:
                 row[step] = math.nan if v is None else v   # shown as a dash
     flags = per_key.get("nonfinite_ceiling")
     bad_steps = {step for row in (flags or {}).values() for step, v in row.items() if v > 0}
-    steps = _shown_steps(sorted({step for cells in per_key.values() for row in cells.values()
+    steps = shown_steps(sorted({step for cells in per_key.values() for row in cells.values()
                                  for step in row}), bad_steps)
     maps = []
     if flags and not bad_steps:
@@ -114,7 +114,7 @@ def _telemetry_steps(rs: list[Record], keys: list[str], recipe: str) -> str:
         spec = (s.column, f"{s.label.removesuffix(' floor').removesuffix(' ceiling')}"
                 f"{f' ({s.unit})' if s.unit else ''} per step", fmt,
                 "up" if s.kind == "floor" else "down")
-        maps.append(_step_heatmap(per_key[k], order, steps, spec, recipe, flags))
+        maps.append(step_heatmap(per_key[k], order, steps, spec, recipe, flags))
     return (f"<details><summary>Per step ({len(steps)} step(s)): "
             f"{', '.join(_e(BY_KEY[k].label) for k in keys if per_key[k])}</summary>"
             f"{''.join(maps)}</details>") if maps else ""
@@ -176,7 +176,7 @@ def _colour(v: float, lo: float, hi: float, scale: str) -> str:
     return f"hsl(210,60%,{95 - 35 * t:.0f}%)"
 
 
-def _step_heatmap(cells: Cells, order: dict, steps: list[int], spec: tuple, recipe: str,
+def step_heatmap(cells: Cells, order: dict, steps: list[int], spec: tuple, recipe: str,
                   flags: Cells | None = None) -> str:
     """One per-layer x step table; ``flags``: cells to outline and mark NaN/Inf."""
     column, what, fmt, scale = spec
@@ -210,7 +210,7 @@ def _step_heatmap(cells: Cells, order: dict, steps: list[int], spec: tuple, reci
             f'<p>{ends[0]} <span class="{css}"></span> {ends[1]}</p>')
 
 
-def _shown_steps(steps: list[int], keep=()) -> list[int]:
+def shown_steps(steps: list[int], keep=()) -> list[int]:
     """The steps a heatmap shows: all of them up to MAX_STEPS, else evenly spaced ones and
     each step of ``keep`` (the steps with a NaN or Inf) that follows one not in it: where a
     run went non-finite is never sampled away, a run that stays non-finite adds no columns
@@ -242,7 +242,7 @@ def telemetry_html(frame, *, title: str | None = None, producer: str | None = No
     observed = frame[~flagged] if flagged is not None else frame
     what_ifs = frame[flagged] if flagged is not None else frame.iloc[0:0]
     steps = sorted({int(s) for s in frame["step"]}) if len(frame) else []
-    shown = _shown_steps(steps, {int(x) for x in frame.loc[frame["nonfinite"] > 0, "step"]}
+    shown = shown_steps(steps, {int(x) for x in frame.loc[frame["nonfinite"] > 0, "step"]}
                          if "nonfinite" in cols and len(frame) else ())
     modules = list(dict.fromkeys(str(m) for m in frame["module"])) if len(frame) else []
     at = {m: i for i, m in enumerate(modules)}
@@ -291,7 +291,7 @@ def telemetry_html(frame, *, title: str | None = None, producer: str | None = No
             if scale == "log" and column in sub.columns or _present(sub, column):
                 rows = sub[sub[column].notna()] if scale != "log" else sub
                 worst = max if scale in ("down", "log") else min
-                out.append(_step_heatmap(_cells(rows, column, worst), order, shown, spec,
+                out.append(step_heatmap(_cells(rows, column, worst), order, shown, spec,
                                          recipe, flags))
         return out
 

@@ -51,7 +51,7 @@ def test_a_bad_baseline_block_no_longer_hides_the_kernels_errors():
     without = judge(Policy(), ks, bs)
     assert without.passed, without.failures  # what the rule said before ranks
     v = judge(Policy(), ks, bs,
-              block_pair=lambda k, f: worst_rank(kern, base, ref, k, f, blocks))
+              block_ranks=lambda k, f: worst_rank(kern, base, ref, k, f, blocks))
     assert not v.passed and v.block_ratio > 1
     (msg,) = v.failures
     w = worst_rank(kern, base, ref, 2.0, floor, blocks)

@@ -3,8 +3,8 @@ ATen ops one call of it reaches (``reached_ops``, for DESIGN rule 15's borrowed 
 from __future__ import annotations
 
 import contextlib
-import sys
 import inspect
+import sys
 import warnings
 from typing import Any, Callable
 

@@ -3,7 +3,9 @@
 Every rule stands on its own (a bug present when goldens are refreshed is still caught):
 
 * non-finite (rule 3): no NaN/inf the rounded reference does not have, and none missing;
-* baseline (rule 4): kernel rel_l2 <= k * baseline rel_l2 + floor, the same for the worst block;
+* baseline (rule 4): kernel rel_l2 <= k * baseline rel_l2 + floor, the same for the worst block,
+  and for the r-th worst block against the baseline's r-th worst over the worse half
+  (numcheck.measure.paired: a baseline's own bad block must not hide the kernel's others);
 * ULP (rule 5): max ULP in the output format, only for well-conditioned ops;
 * componentwise bound (rule 5): max |out - ref| / (u * scale) <= c, where cancellation is
   inherent (scale = |A||B| for GEMM, |x cos| + |y sin| for RoPE, ...);
@@ -78,13 +80,13 @@ class RecordPolicy(Policy):
     cond_bound: Callable[[], float | None] | None = field(default=None, compare=False,
                                                           repr=False)
     # (k, floor) -> numcheck.measure.paired.WorstRank: the baseline rule rank by rank
-    block_pair: Callable | None = field(default=None, compare=False, repr=False)
+    block_ranks: Callable | None = field(default=None, compare=False, repr=False)
 
     @classmethod
     def of(cls, policy: Policy, cond_bound: Callable[[], float | None],
-           block_pair: Callable | None = None) -> RecordPolicy:
+           block_ranks: Callable | None = None) -> RecordPolicy:
         return cls(**{f.name: getattr(policy, f.name) for f in fields(Policy)},
-                   cond_bound=cond_bound, block_pair=block_pair)
+                   cond_bound=cond_bound, block_ranks=block_ranks)
 
 
 @dataclass
@@ -100,20 +102,20 @@ class Verdict:
         self.failures.append(message)
 
 
-def _pair_rule(v: Verdict, relative: Callable[[str], None], block_pair, what: str, kk: float,
+def _rank_rule(v: Verdict, relative: Callable[[str], None], block_ranks, what: str, kk: float,
                floor: float) -> None:
-    """The baseline rule at every rank of the sorted block errors: the kernel's r-th worst
-    block against the baseline's r-th worst (numcheck.measure.paired)."""
-    if callable(block_pair):
-        w = block_pair(kk, floor)
+    """The baseline rule at each rank of the worse half of the sorted block errors: the
+    kernel's r-th worst block against the baseline's r-th worst (numcheck.measure.paired)."""
+    if callable(block_ranks):
+        w = block_ranks(kk, floor)
         v.block_ratio = w.ratio
         if not w.ratio <= 1.0:
             relative(f"{what}: worst block no. {w.rank} (#{w.block}) rel {w.kernel_rel:.3e} > "
                      f"{kk:g} x the baseline's no. {w.rank} {w.baseline_rel:.3e} + {floor:.1e}")
         return
-    v.block_ratio = block_pair
-    if not block_pair <= 1.0:
-        relative(f"{what}: a block error is {block_pair:.3g} x what the baseline rule allows "
+    v.block_ratio = block_ranks
+    if not block_ranks <= 1.0:
+        relative(f"{what}: a block error is {block_ranks:.3g} x what the baseline rule allows "
                  f"at its rank ({kk:g} x the baseline's of that rank + {floor:.1e})")
 
 
@@ -127,7 +129,7 @@ def judge(policy: Policy, k: ErrorStats, b: ErrorStats | None, *, what: str = "o
           baseline_bound_ratio: float | None = None, reduction_len: float = 0,
           cond: float = 1.0, grad: bool = False,
           cond_ratio: float | None | Callable[[], float | None] = None,
-          gate_bias: bool | None = None, block_pair: float | Callable | None = None,
+          gate_bias: bool | None = None, block_ranks: float | Callable | None = None,
           verdict: Verdict | None = None) -> Verdict:
     """Apply the policy to kernel stats ``k`` (and baseline stats ``b``); messages name ``what``.
 
@@ -143,7 +145,7 @@ def judge(policy: Policy, k: ErrorStats, b: ErrorStats | None, *, what: str = "o
     against the reference (which the bound never excuses); the value used is the verdict's
     ``cond_ratio`` (None where not asked).
     gate_bias: whether the truncation rule binds (``rounded_once``); None: the policy says.
-    block_pair: the baseline rule on every rank of the sorted block errors, for records whose
+    block_ranks: the baseline rule rank by rank over the worse half of the blocks, for records whose
     worst blocks pass it: a callable ``(k, floor) -> numcheck.measure.paired.WorstRank`` (asked
     only where the kernel's worst block exceeds the floor), or the ratio it gave (a record
     judged again); None: not applied (the baseline's worst block may then hide the kernel's
@@ -185,8 +187,8 @@ def judge(policy: Policy, k: ErrorStats, b: ErrorStats | None, *, what: str = "o
             relative(f"{what}: worst block (#{k.worst_block}) SQNR {k.min_block_sqnr_db:.1f} "
                      f"dB, baseline's worst {b.min_block_sqnr_db:.1f} dB: rel {kb:.3e} > "
                      f"{kk:g} x {bb:.3e} + {floor:.1e}")
-        elif block_pair is not None and kb > floor:
-            _pair_rule(v, relative, block_pair, what, kk, floor)
+        elif block_ranks is not None and kb > floor:
+            _rank_rule(v, relative, block_ranks, what, kk, floor)
     if policy.max_ulp is not None and not grad and not k.max_ulp <= policy.max_ulp:
         absolute(f"{what}: max ULP {k.max_ulp} > {policy.max_ulp} ({k.fmt}; p99 {k.p99_ulp})")
     if gate_bias is None:
@@ -280,17 +282,17 @@ class OpRules(Family):
         # the record's measured bound, else (a record judged as it is measured) the bound on
         # demand
         cond_ratio = record.cond_ratio
-        block_pair = record.block_ratio
+        block_ranks = record.block_ratio
         if cond_ratio is None and isinstance(policy, RecordPolicy):
             cond_ratio = policy.cond_bound
-        if block_pair is None and isinstance(policy, RecordPolicy):
-            block_pair = policy.block_pair
+        if block_ranks is None and isinstance(policy, RecordPolicy):
+            block_ranks = policy.block_ranks
         v = judge(policy or Policy(), record.kernel_stats, record.baseline_stats,
                   what=record.output, compute=record.dtype,
                   bound_ratio=_number(record.bound_ratio),
                   baseline_bound_ratio=_number(record.baseline_bound_ratio),
                   reduction_len=record.reduction_len, cond=record.cond, grad=grad,
-                  cond_ratio=cond_ratio, gate_bias=record.gate_bias, block_pair=block_pair)
+                  cond_ratio=cond_ratio, gate_bias=record.gate_bias, block_ranks=block_ranks)
         record.notes, record.cond_ratio = " | ".join(v.notes), v.cond_ratio
         record.block_ratio = v.block_ratio
         return v.failures

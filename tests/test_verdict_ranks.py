@@ -113,3 +113,29 @@ def test_a_softmax_backward_summing_in_bf16_fails_by_rank():
     fp32 = nc.verify("softmax", softmax, device="cpu",
                      case_ids=["fp32-3x129-student_t-s0-contiguous-last"])
     assert fp32.passed, [r.reason for r in fp32.failures]  # fp32 sums: nothing to see
+
+
+def test_a_record_read_back_is_judged_the_same():
+    """Results files carry ``block_ratio``: a record read back (numcheck report, compare) keeps
+    its verdict by rank, and a row without it (NaN: not measured, an older file) is not failed
+    by the rule."""
+    import math
+
+    from numcheck.catalog import get_op
+    from numcheck.records import Record
+    from numcheck.verdicts.judge import judge as rejudge
+
+    def softmax(x, dim=-1):
+        return _SoftmaxSumInBf16.apply(x.transpose(dim, -1)).transpose(dim, -1)
+
+    v = nc.verify("softmax", softmax, device="cpu",
+                  case_ids=["bf16-2x7x33-student_t-s0-contiguous-last"])
+    policy = get_op("softmax").policy
+    for rec in v.records:
+        back = rejudge(Record.from_row(rec.as_row()), policy)
+        assert back.status == rec.status, (rec.output, back.reason)
+        row = rec.as_row()
+        row["block_ratio"] = math.nan
+        if rec.output == "grad_x":   # failed by rank alone: without the ratio, nothing to fail
+            assert rec.status == "failed" and rec.block_ratio > 1
+            assert rejudge(Record.from_row(row), policy).status == "passed"

@@ -282,7 +282,7 @@ class OpRules(Family):
         # the record's measured bound, else (a record judged as it is measured) the bound on
         # demand
         cond_ratio = record.cond_ratio
-        block_ranks = record.block_ratio
+        block_ranks = _number(record.block_ratio)   # NaN: a results file without it
         if cond_ratio is None and isinstance(policy, RecordPolicy):
             cond_ratio = policy.cond_bound
         if block_ranks is None and isinstance(policy, RecordPolicy):

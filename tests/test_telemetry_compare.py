@@ -35,14 +35,23 @@ class _WrongScale:
         return q * 1.25 if role == "w" else q
 
 
-def _fp8_with_a_fault(module: str):
+class _WrongWgradScale(_WrongScale):
+    """The gradient quantized for the weight-gradient GEMM only (along M, dim 0: see
+    numcheck.convergence.linear) comes back 25% off; forward and dgrad are the recipe's."""
+
+    def qdq(self, role, t, dim, generator=None):
+        q = self._recipe.qdq(role, t, dim, generator)
+        return q * 1.25 if role == "grad" and dim == 0 else q
+
+
+def _fp8_with_a_fault(module: str, fault=_WrongScale):
     def configure(model: nn.Module) -> nn.Module:
         state = QuantState(0, "cpu")
         apply_recipe(model, RECIPES["fp8_tensor"], state)
         parent, _, leaf = module.rpartition(".")
         owner = model.get_submodule(parent)
         good = getattr(owner, leaf)
-        setattr(owner, leaf, QuantLinear(good, _WrongScale(RECIPES["fp8_tensor"]), state))
+        setattr(owner, leaf, QuantLinear(good, fault(RECIPES["fp8_tensor"]), state))
         return model
     return configure
 
@@ -65,8 +74,23 @@ def test_a_planted_fp8_fault_is_named_against_bf16(name, module):
     fwd = rows[(rows.batch == 0) & (rows.role == "output")]
     ahead = fwd.iloc[:list(fwd.module).index(module)]
     assert (ahead.sqnr_db > got.first["threshold_db"]).all()   # nobody before it
-    assert {"output", "grad_output"} <= set(rows.role)
+    assert {"output", "grad_output", "grad_weight"} <= set(rows.role)
     assert f"the first below it: batch 0 {module} output" in got.summary()
+
+
+# tiny_dit's blocks start gated shut (adaLN-Zero: zero modulation weights), so their linears'
+# weight gradients are exactly 0 at step 0, in A and B alike; its modulation layer's are not
+@pytest.mark.parametrize("name,module", [("tiny_lm", "blocks.1.w_up"),
+                                         ("tiny_dit", "blocks.0.ada")])
+def test_a_fault_in_the_weight_gradient_gemm_alone_is_named(name, module):
+    """Forward and input gradients untouched: only the layer's weight gradient shows it
+    (tiny_lm blocks.1.w_up: 10.8 dB, the other weight gradients 19-31 dB)."""
+    got = _compare(name, "bf16", _fp8_with_a_fault(module, _WrongWgradScale))
+    assert got and (got.first["module"], got.first["role"]) == (module, "grad_weight"), \
+        got.summary()
+    rows = got.rows
+    assert not (rows[rows.role.isin(("output", "grad_output"))].sqnr_db <
+                got.first["threshold_db"]).any()
 
 
 @pytest.mark.parametrize("name", ["tiny_lm", "tiny_dit"])

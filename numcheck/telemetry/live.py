@@ -5,9 +5,11 @@ The same batches run through configuration A and configuration B of copies of on
 same weights; no optimizer step, so every batch meets the same weights and a difference is the
 configuration's alone). Each module's output (forward) and the gradient of its output
 (backward) are kept from A's run and compared with B's: SQNR of B against A in float64, per
-(batch, module, role). The first row, in A's execution order (the forward's modules in the
-order they ran, then the backward's in the order their gradients arrived), whose SQNR is
-below the threshold is ``first``: where B parts from A.
+(batch, module, role), and so is each parameter's gradient (role ``grad_weight``,
+``grad_bias``, ...: the weight-gradient GEMM, which no output gradient shows). The first row,
+in A's execution order (the forward's modules in the order they ran, then the backward's in
+the order their gradients arrived, then the parameters' gradients), whose SQNR is below the
+threshold is ``first``: where B parts from A.
 
 A configuration is a recipe name ("fp32"; "bf16": autocast, as the convergence suite runs it;
 a name of numcheck.quant.recipe.RECIPES: every nn.Linear becomes a QuantLinear), a
@@ -117,7 +119,8 @@ def _first_tensor(x):
 
 def _record(model: nn.Module, batch, loss, ctx) -> list[tuple[str, str, torch.Tensor]]:
     """(module, role, float64 CPU copy) of every named module's output and output gradient,
-    in execution order: the forward's, then the backward's."""
+    in execution order (the forward's, then the backward's), then of every parameter's
+    gradient (the module that owns it, ``grad_<name>``)."""
     fwd: list = []
     bwd: list = []
     handles = []
@@ -143,8 +146,13 @@ def _record(model: nn.Module, batch, loss, ctx) -> list[tuple[str, str, torch.Te
     finally:
         for h in handles:
             h.remove()
+    params = []
+    for full, p in model.named_parameters():
+        if p.grad is not None:
+            owner, _, leaf = full.rpartition(".")
+            params.append((owner, f"grad_{leaf}", p.grad.detach().to("cpu", torch.float64)))
     model.zero_grad(set_to_none=True)
-    return fwd + bwd
+    return fwd + bwd + params
 
 
 def _sqnr(a: torch.Tensor, b: torch.Tensor) -> tuple[float, float, int, int]:

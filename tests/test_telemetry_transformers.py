@@ -114,3 +114,42 @@ def test_compare_names_a_faulty_layer_of_a_llama():
     assert got and (got.first["module"], got.first["role"]) == \
         ("model.layers.1.mlp.up_proj", "output"), got.summary()
     assert not telemetry.compare(model, batches, "fp32", "fp8_tensor"), "uniform: nobody"
+
+
+def test_diff_by_digest_names_a_one_ulp_change_in_a_llama():
+    """Two watched runs of the library's model (bf16), the second with one element of
+    layers.1.mlp.up_proj's output one ULP up from step 1: the digests name that projection at
+    step 1 (a statistic may move with it later: one bf16 ULP is the band's size)."""
+    def run(bump: bool):
+        model = _llama()
+        proj = model.model.layers[1].mlp.up_proj
+        at = {"step": 0}
+
+        def one_ulp(m, args, out):
+            if not bump or at["step"] < 1:
+                return None
+            v = out.detach().reshape(-1)[5]
+            d = torch.zeros(out.numel(), dtype=out.dtype)
+            d[5] = torch.nextafter(v, torch.tensor(float("inf"), dtype=out.dtype)) - v
+            return out + d.view(out.shape)
+
+        proj.register_forward_hook(one_ulp)
+        with telemetry.watch(model, digests=True) as t:
+            torch.manual_seed(1)
+            ids = torch.randint(0, 128, (2, 16))
+            opt = torch.optim.SGD(model.parameters(), lr=1e-2)
+            for step in range(3):
+                at["step"] = step
+                model(input_ids=ids, labels=ids).loss.backward()
+                opt.step()
+                opt.zero_grad()
+                t.step()
+        return t.records()
+
+    a = run(False)
+    assert not telemetry.diff(a, run(False))
+    got = telemetry.diff(a, run(True))
+    bits = got.first_digest
+    assert got.first is None or got.first.step >= 1, got.summary()
+    assert (bits.step, bits.module, bits.role) == (1, "model.layers.1.mlp.up_proj", "output"), \
+        got.summary()

@@ -144,3 +144,46 @@ def run_interpreted(script: str, timeout: float = 300, interpret: bool = True) -
                          env={**env, "TRITON_INTERPRET": "1"} if interpret else env)
     assert res.returncode == 0, res.stderr[-3000:]
     return json.loads(res.stdout.strip().splitlines()[-1])
+
+
+# ---- planted fp8 faults in one linear layer (telemetry.compare's tests) ---------------------
+
+class WrongScale:
+    """A QuantRecipe whose weight comes back dequantized with a scale 25% off (a kernel that
+    applies the wrong scale): the real recipe otherwise."""
+
+    def __init__(self, recipe) -> None:
+        self._recipe = recipe
+
+    def __getattr__(self, name):
+        return getattr(self._recipe, name)
+
+    def qdq(self, role, t, dim, generator=None):
+        q = self._recipe.qdq(role, t, dim, generator)
+        return q * 1.25 if role == "w" else q
+
+
+class WrongWgradScale(WrongScale):
+    """The gradient quantized for the weight-gradient GEMM only (along M, dim 0: see
+    numcheck.convergence.linear) comes back 25% off; forward and dgrad are the recipe's."""
+
+    def qdq(self, role, t, dim, generator=None):
+        q = self._recipe.qdq(role, t, dim, generator)
+        return q * 1.25 if role == "grad" and dim == 0 else q
+
+
+def fp8_with_a_fault(module: str, fault=WrongScale):
+    """A configuration for telemetry.compare (model -> model): every nn.Linear fp8_tensor,
+    the one named ``module`` with ``fault`` around the recipe."""
+    from numcheck.convergence.linear import QuantLinear, QuantState, apply_recipe
+    from numcheck.quant.recipe import RECIPES
+
+    def configure(model):
+        state = QuantState(0, "cpu")
+        apply_recipe(model, RECIPES["fp8_tensor"], state)
+        parent, _, leaf = module.rpartition(".")
+        owner = model.get_submodule(parent)
+        setattr(owner, leaf, QuantLinear(getattr(owner, leaf), fault(RECIPES["fp8_tensor"]),
+                                         state))
+        return model
+    return configure

@@ -12,48 +12,12 @@ import torch
 from torch import nn
 
 from numcheck import telemetry
-from numcheck.convergence.linear import QuantLinear, QuantState, apply_recipe
 from numcheck.convergence.models import build
 from numcheck.errors import UsageError
-from numcheck.quant.recipe import RECIPES
+
+from _support import WrongWgradScale, fp8_with_a_fault
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
-
-
-class _WrongScale:
-    """A QuantRecipe whose weight comes back dequantized with a scale 25% off (a kernel that
-    applies the wrong scale): the real recipe otherwise."""
-
-    def __init__(self, recipe) -> None:
-        self._recipe = recipe
-
-    def __getattr__(self, name):
-        return getattr(self._recipe, name)
-
-    def qdq(self, role, t, dim, generator=None):
-        q = self._recipe.qdq(role, t, dim, generator)
-        return q * 1.25 if role == "w" else q
-
-
-class _WrongWgradScale(_WrongScale):
-    """The gradient quantized for the weight-gradient GEMM only (along M, dim 0: see
-    numcheck.convergence.linear) comes back 25% off; forward and dgrad are the recipe's."""
-
-    def qdq(self, role, t, dim, generator=None):
-        q = self._recipe.qdq(role, t, dim, generator)
-        return q * 1.25 if role == "grad" and dim == 0 else q
-
-
-def _fp8_with_a_fault(module: str, fault=_WrongScale):
-    def configure(model: nn.Module) -> nn.Module:
-        state = QuantState(0, "cpu")
-        apply_recipe(model, RECIPES["fp8_tensor"], state)
-        parent, _, leaf = module.rpartition(".")
-        owner = model.get_submodule(parent)
-        good = getattr(owner, leaf)
-        setattr(owner, leaf, QuantLinear(good, fault(RECIPES["fp8_tensor"]), state))
-        return model
-    return configure
 
 
 def _compare(name, a, b, batches=2):
@@ -66,7 +30,7 @@ def _compare(name, a, b, batches=2):
 @pytest.mark.parametrize("name,module", [("tiny_lm", "blocks.1.w_up"),
                                          ("tiny_dit", "blocks.0.fc1")])
 def test_a_planted_fp8_fault_is_named_against_bf16(name, module):
-    got = _compare(name, "bf16", _fp8_with_a_fault(module))
+    got = _compare(name, "bf16", fp8_with_a_fault(module))
     assert got and (got.first["batch"], got.first["module"], got.first["role"]) == \
         (0, module, "output"), got.summary()
     assert got.first["sqnr_db"] < 15   # 25% off: ~12 dB; its fp8 neighbours ~25-30 dB
@@ -85,7 +49,7 @@ def test_a_planted_fp8_fault_is_named_against_bf16(name, module):
 def test_a_fault_in_the_weight_gradient_gemm_alone_is_named(name, module):
     """Forward and input gradients untouched: only the layer's weight gradient shows it
     (tiny_lm blocks.1.w_up: 10.8 dB, the other weight gradients 19-31 dB)."""
-    got = _compare(name, "bf16", _fp8_with_a_fault(module, _WrongWgradScale))
+    got = _compare(name, "bf16", fp8_with_a_fault(module, WrongWgradScale))
     assert got and (got.first["module"], got.first["role"]) == (module, "grad_weight"), \
         got.summary()
     rows = got.rows

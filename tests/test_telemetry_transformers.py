@@ -85,32 +85,14 @@ def test_compare_names_a_faulty_layer_of_a_llama():
     returning loss and logits, tied embeddings): fp32 against fp8_tensor with one MLP
     projection's weight dequantized 25% off names that projection's output; uniform
     fp8_tensor names nobody."""
-    from numcheck.convergence.linear import QuantLinear, QuantState, apply_recipe
-    from numcheck.quant.recipe import RECIPES
-
-    class WrongScale:
-        def __init__(self, recipe):
-            self._recipe = recipe
-
-        def __getattr__(self, name):
-            return getattr(self._recipe, name)
-
-        def qdq(self, role, t, dim, generator=None):
-            q = self._recipe.qdq(role, t, dim, generator)
-            return q * 1.25 if role == "w" else q
-
-    def faulty(model):
-        state = QuantState(0, "cpu")
-        apply_recipe(model, RECIPES["fp8_tensor"], state)
-        mlp = model.model.layers[1].mlp
-        mlp.up_proj = QuantLinear(mlp.up_proj, WrongScale(RECIPES["fp8_tensor"]), state)
-        return model
+    from _support import fp8_with_a_fault
 
     model = _llama(torch.float32)
     torch.manual_seed(1)
     ids = torch.randint(0, 128, (2, 16))
     batches = [{"input_ids": ids, "labels": ids}]
-    got = telemetry.compare(model, batches, "fp32", faulty)
+    got = telemetry.compare(model, batches, "fp32",
+                            fp8_with_a_fault("model.layers.1.mlp.up_proj"))
     assert got and (got.first["module"], got.first["role"]) == \
         ("model.layers.1.mlp.up_proj", "output"), got.summary()
     assert not telemetry.compare(model, batches, "fp32", "fp8_tensor"), "uniform: nobody"

@@ -34,7 +34,7 @@ from torch import nn
 
 from numcheck.errors import UsageError
 
-__all__ = ["QuantLinear", "QuantState", "apply_recipe", "is_quant_recipe"]
+__all__ = ["BF16", "QuantLinear", "QuantState", "apply_plan", "apply_recipe", "is_quant_recipe"]
 
 # A value counts as saturated when |t| > 1.125 max|qdq(t)|: 1/8 is e4m3's relative spacing
 # below 448 (2^-3), so an e4m3-rounded scale (NVFP4) or an fp32 scale rounding never counts;
@@ -182,6 +182,52 @@ def apply_recipe(model: nn.Module, recipe, state: QuantState | None = None) -> n
         else:
             apply_recipe(child, recipe, state)
     return model
+
+
+class _BF16Operand:
+    """A bf16 GEMM operand: the cast autocast makes (round to nearest even; bf16 has fp32's
+    range, so nothing saturates or flushes that fp32 did not). A training-path cast, not a
+    reference: numcheck's own rounding is for references."""
+
+    @staticmethod
+    def qdq(t: torch.Tensor, dim: int = -1, generator=None) -> torch.Tensor:
+        return t.to(torch.bfloat16).to(t.dtype)
+
+
+class _BF16Recipe:
+    """``bf16`` as one layer's recipe (a per-layer plan's widest choice): both operands of each
+    GEMM rounded to bf16, products summed in fp32, as torch.autocast runs a linear layer."""
+
+    name = "bf16"
+    x = w = grad = _BF16Operand()
+    bits_per_element = 16.0
+
+    def qdq(self, role: str, t: torch.Tensor, dim: int = -1, generator=None) -> torch.Tensor:
+        return t.to(torch.bfloat16).to(t.dtype)
+
+
+BF16 = _BF16Recipe()
+
+
+def apply_plan(model: nn.Module, recipes: dict, state: QuantState) -> nn.Module:
+    """Swap each named ``nn.Linear`` of ``model`` (module name -> QuantRecipe-like object) for
+    a QuantLinear of its own recipe, in place; the other layers stay as they are."""
+    missing = [n for n in recipes if not isinstance(_submodule(model, n), nn.Linear)]
+    if missing:
+        raise UsageError(f"per-layer plan: {', '.join(missing)}: no nn.Linear of that name in "
+                         f"{type(model).__name__} (a plan is made for one model)")
+    for name, recipe in recipes.items():
+        parent, _, leaf = name.rpartition(".")
+        owner = model.get_submodule(parent) if parent else model
+        setattr(owner, leaf, QuantLinear(getattr(owner, leaf), recipe, state))
+    return model
+
+
+def _submodule(model: nn.Module, name: str):
+    try:
+        return model.get_submodule(name)
+    except AttributeError:
+        return None
 
 
 def _margin(recipe, role: str) -> float:

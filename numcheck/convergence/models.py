@@ -13,11 +13,16 @@ linear layers are quantized).
   (timestep, class) conditioning, GELU MLP (hidden 128); rectified-flow velocity MSE on
   class-conditional Gaussian-mixture latents (16 tokens x 8 channels, 8 classes).
 
+``PLANTED`` holds variants with planted sensitive layers (``mlp_outliers``,
+``tiny_lm_outliers``: massive activations and loud gradients, below), numcheck plan's test bed;
+they train by name and stay out of MODELS' default list.
+
 Initial weights are a pure function of the seed (``torch.random.fork_rng`` + a sha256 seed), so
 every recipe of one seed starts from the same weights as the reference.
 """
 from __future__ import annotations
 
+import functools
 import math
 
 import torch
@@ -29,7 +34,48 @@ from numcheck.cases.inputs import seed_for
 from numcheck.convergence.data import Grammar, Latents, Teacher
 from numcheck.telemetry.op_classes import register
 
-__all__ = ["MODELS", "build"]
+__all__ = ["MODELS", "PLANTED", "build"]
+
+
+# Planted sensitivities (PLANTED, numcheck plan's test bed: docs/telemetry.md "Which layers can
+# take which format"). A massive activation: a channel 2^8 large, ~2^10 x the SwiGLU product's
+# rms (0.2-0.3 at init, measured), constant across tokens, as the massive activations of real
+# LLMs are (Sun et al. 2024, "Massive activations in large language models": 10^3-10^4 x the
+# median, input-agnostic, bias-like); a loud gradient: a channel whose output gradient is 2^10
+# x the others'. Both channels are dead in exact arithmetic (their weight column / row is zero
+# and held there), so the fp32 and bf16 models compute the plain model minus a few channels;
+# only a quantizer whose block holds one loses the block's other values.
+MASSIVE = 2.0 ** 8
+LOUD = 2.0 ** 10
+
+
+def _plant(model: nn.Module, width: int, massive, loud, dead: dict) -> None:
+    """Give ``model`` the buffers of its planted channels (``keep``: 0 on the massive ones,
+    ``massive``: MASSIVE there, ``gain``: LOUD on the loud ones) and zero its dead entries
+    (``dead``: parameter name -> (dim, indices)), held at zero by ``_hold_dead``."""
+    keep, gain = torch.ones(width), torch.ones(width)
+    keep[list(massive)] = 0.0
+    gain[list(loud)] = LOUD
+    model.register_buffer("keep", keep, persistent=False)
+    model.register_buffer("massive", (1.0 - keep) * MASSIVE, persistent=False)
+    model.register_buffer("gain", gain, persistent=False)
+    model._dead = {name: (dim, tuple(idx)) for name, (dim, idx) in dead.items()}
+    with torch.no_grad():
+        for name, (dim, idx) in model._dead.items():
+            if idx:
+                model.get_parameter(name).index_fill_(dim, torch.tensor(idx), 0.0)
+
+
+def _hold_dead(model: nn.Module) -> None:
+    """Zero the gradients of a planted model's dead entries (``model._dead``: parameter name ->
+    (dim, indices)), so no optimizer moves them: a hook on the Parameter itself (a recipe's
+    QuantLinear shares it), registered again after a deepcopy (which drops tensor hooks)."""
+    for name, (dim, idx) in model._dead.items():
+        w = model.get_parameter(name)
+        if idx and not getattr(w, "_numcheck_dead", False):
+            index = torch.tensor(idx, dtype=torch.long)
+            w.register_hook(lambda g, d=dim, i=index: g.index_fill(d, i.to(g.device), 0.0))
+            w._numcheck_dead = True
 
 
 class MLP(nn.Module):
@@ -44,6 +90,22 @@ class MLP(nn.Module):
 
     def loss(self, b: dict[str, torch.Tensor]) -> torch.Tensor:
         return F.mse_loss(self(b["x"]).float(), b["y"])
+
+
+class PlantedMLP(MLP):
+    """mlp with planted channels (PLANTED): ``massive`` input channels of fc3 (replaced by
+    MASSIVE; fc3's columns there zero) and ``loud`` output channels of fc2 (their gradient
+    scaled by LOUD; fc2's rows and bias there zero, so they output 0 and silu(0) = 0)."""
+
+    def __init__(self, massive=(), loud=()) -> None:
+        super().__init__()
+        _plant(self, self.fc2.out_features, massive, loud,
+               {"fc3.weight": (1, massive), "fc2.weight": (0, loud), "fc2.bias": (0, loud)})
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        _hold_dead(self)
+        h = F.silu(self.fc2(F.silu(self.fc1(x))) * self.gain)
+        return self.fc3(h * self.keep + self.massive)
 
 
 class RMSNorm(nn.Module):
@@ -101,16 +163,35 @@ class LMBlock(nn.Module):
         q, k, v = self.qkv(self.norm1(x)).view(b, s, 3, self.heads, -1).permute(2, 0, 3, 1, 4)
         a = _attention(_rope(q.float(), cos, sin), _rope(k.float(), cos, sin), v, causal=True)
         x = _residual(x, self.proj(a.transpose(1, 2).reshape(b, s, d)))
-        h = self.norm2(x)
-        return _residual(x, self.w_down(F.silu(self.w_gate(h)) * self.w_up(h)))
+        return _residual(x, self.mlp(self.norm2(x)))
+
+    def mlp(self, h):
+        return self.w_down(F.silu(self.w_gate(h)) * self.w_up(h))
+
+
+class PlantedLMBlock(LMBlock):
+    """An LMBlock whose SwiGLU MLP carries planted channels: ``massive`` (w_down's input channels
+    replaced by MASSIVE, w_down's columns there zero) and ``loud`` (w_up's output channels whose
+    gradient is scaled by LOUD, w_up's rows there zero)."""
+
+    def __init__(self, d: int, heads: int, hidden: int, massive=(), loud=()) -> None:
+        super().__init__(d, heads, hidden)
+        _plant(self, hidden, massive, loud, {"w_down.weight": (1, massive),
+                                             "w_up.weight": (0, loud)})
+
+    def mlp(self, h):
+        _hold_dead(self)
+        u = self.w_up(h) * self.gain
+        return self.w_down(F.silu(self.w_gate(h)) * u * self.keep + self.massive)
 
 
 class TinyLM(nn.Module):
     def __init__(self, vocab: int = 64, d: int = 64, heads: int = 4, hidden: int = 128,
-                 blocks: int = 2, seq: int = 32) -> None:
+                 blocks: int = 2, seq: int = 32, plants=None) -> None:
         super().__init__()
         self.embed = nn.Embedding(vocab, d)
-        self.blocks = nn.ModuleList(LMBlock(d, heads, hidden) for _ in range(blocks))
+        self.blocks = nn.ModuleList(PlantedLMBlock(d, heads, hidden, **plants[i]) if plants
+                                    else LMBlock(d, heads, hidden) for i in range(blocks))
         self.norm = RMSNorm(d)
         self.head = nn.Linear(d, vocab, bias=False)
         hd = d // heads
@@ -204,13 +285,27 @@ MODELS = {
     "tiny_lm": (TinyLM, Grammar, 3e-3),
     "tiny_dit": (TinyDiT, Latents, 2e-3),
 }
+# Models with planted sensitive layers, trained by name but outside MODELS' default list (a
+# uniform 4-bit recipe is meant to fail on them): mlp with four massive input channels of fc3
+# (one in each of four 16-blocks along K) and two loud output-gradient channels of fc2; tiny_lm
+# with four massive input channels of
+# blocks.0.w_down (one in each of four 16-blocks along K) and two loud output-gradient channels
+# of blocks.1.w_up.
+PLANTED = {
+    "mlp_outliers": (functools.partial(PlantedMLP, massive=(5, 40, 77, 110), loud=(20, 90)),
+                     Teacher, 3e-3),
+    "tiny_lm_outliers": (functools.partial(TinyLM, plants=({"massive": (5, 40, 77, 110)},
+                                                           {"loud": (20, 90)})),
+                         Grammar, 3e-3),
+}
 
 
 def build(name: str, seed: int, task_seed: int = 0) -> tuple[nn.Module, object, float]:
     """(model with seed-determined initial weights on the CPU, task, learning rate)."""
-    if name not in MODELS:
-        raise UsageError(f"model={name!r}: use one of {', '.join(MODELS)}")
-    cls, task_cls, lr = MODELS[name]
+    known = {**MODELS, **PLANTED}
+    if name not in known:
+        raise UsageError(f"model={name!r}: use one of {', '.join(known)}")
+    cls, task_cls, lr = known[name]
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed_for("convergence-init", name, seed))
         model = cls()

@@ -12,6 +12,9 @@
   the same gate); layers whose in/out features are not multiples of 16 stay high precision
   (``torch._scaled_mm`` needs that). Skipped, with the reason, where torchao does not import.
 * a user's module factory ``f(nn.Linear) -> nn.Module``: applied by ``apply_recipe``.
+* a per-layer plan (``numcheck.telemetry.Plan``, or a dict module name -> recipe name): each
+  named ``nn.Linear`` a QuantLinear of its own recipe (``linear.apply_plan``), the rest fp32;
+  held to the 4-bit gap tolerance when any layer is 4-bit.
 """
 from __future__ import annotations
 
@@ -21,7 +24,7 @@ from dataclasses import dataclass
 from numcheck.errors import UsageError
 from numcheck.convergence.linear import is_quant_recipe
 
-__all__ = ["DEFAULT_RECIPES", "TORCHAO_RECIPES", "Spec", "resolve"]
+__all__ = ["DEFAULT_RECIPES", "TORCHAO_RECIPES", "Spec", "plan_recipes", "resolve"]
 
 TORCHAO_RECIPES = {"torchao_fp8_tensorwise": "tensorwise", "torchao_fp8_rowwise": "rowwise"}
 QUANT_NAMES = ("fp8_tensor", "fp8_row", "fp8_block", "mxfp8", "mxfp4", "nvfp4", "nvfp4_rht_sr")
@@ -31,7 +34,8 @@ DEFAULT_RECIPES = ("fp32", "bf16", *QUANT_NAMES, *TORCHAO_RECIPES)
 @dataclass(frozen=True)
 class Spec:
     """kind: "fp32" | "bf16" | "quant" (obj: QuantRecipe) | "factory" (obj: nn.Linear ->
-    nn.Module) | "convert" (obj: model -> model). skip: why it cannot run here, or None."""
+    nn.Module) | "convert" (obj: model -> model) | "plan" (obj: module name -> recipe object).
+    skip: why it cannot run here, or None."""
 
     name: str
     kind: str
@@ -88,15 +92,45 @@ def _torchao_converter(recipe_name: str) -> tuple[Callable | None, str | None]:
     return convert, None
 
 
+def plan_recipes(choices: dict) -> dict:
+    """module -> recipe object of a per-layer plan's choices (module -> "bf16", a name of
+    numcheck.quant.recipe.RECIPES, or a QuantRecipe-like object)."""
+    from numcheck.convergence.linear import BF16
+
+    reg, why = _quant_registry()
+    out = {}
+    for module, r in dict(choices).items():
+        if r == "bf16":
+            out[module] = BF16
+        elif isinstance(r, str):
+            if reg is None or r not in reg:
+                raise UsageError(f"plan: {module} -> {r!r}: use bf16 or one of "
+                                 "numcheck.quant.recipe.RECIPES" + (f" ({why})" if why else ""))
+            out[module] = reg[r]
+        elif is_quant_recipe(r):
+            out[module] = r
+        else:
+            raise UsageError(f"plan: {module} -> {r!r}: give a recipe name or a QuantRecipe")
+    return out
+
+
+def _plan_spec(name: str, value) -> Spec:
+    recipes = plan_recipes(getattr(value, "choices", value))
+    family = "fp4" if any(_family(r) == "fp4" for r in recipes.values()) else "fp8"
+    return Spec(name, "plan", recipes, family)
+
+
 def resolve(name: str, value=None) -> Spec:
     """A Spec for ``name`` (and an optional object: QuantRecipe or module factory)."""
     if value is not None:
+        if isinstance(value, dict) or hasattr(value, "choices"):
+            return _plan_spec(name, value)
         if is_quant_recipe(value):
             return Spec(name, "quant", value, _family(value))
         if callable(value):
             return Spec(name, "factory", value, _family())
-        raise UsageError(f"recipes[{name!r}] = {value!r}: pass a QuantRecipe or a callable "
-                         "nn.Linear -> nn.Module")
+        raise UsageError(f"recipes[{name!r}] = {value!r}: pass a QuantRecipe, a callable "
+                         "nn.Linear -> nn.Module or a per-layer plan")
     if name in ("fp32", "bf16"):
         return Spec(name, name)
     if name in TORCHAO_RECIPES:

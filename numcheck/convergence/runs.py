@@ -31,7 +31,7 @@ from numcheck.errors import UsageError
 from numcheck.verdicts import judge as verdict
 from numcheck.records import Record, failing
 from numcheck.convergence import gate
-from numcheck.convergence.models import MODELS
+from numcheck.convergence.models import MODELS, PLANTED
 from numcheck.convergence.recipes import DEFAULT_RECIPES, Spec, resolve
 from numcheck.convergence.run_records import to_records
 from numcheck.convergence.convergence_rules import table
@@ -198,8 +198,8 @@ def converge(model: str, recipes=None, steps: int | None = None, seeds=None,
     baseline). ``steps``/``seeds`` default to the case set's. ``out_dir``: where the plot
     (``<model>.png``) and the table (``<model>.txt``) are written, if given.
     """
-    if model not in MODELS:
-        raise UsageError(f"model={model!r}: use one of {', '.join(MODELS)}")
+    if model not in MODELS and model not in PLANTED:
+        raise UsageError(f"model={model!r}: use one of {', '.join((*MODELS, *PLANTED))}")
     check_case_set(cases)
     steps = int(steps or RUN_SETTINGS[cases]["steps"])
     seeds = tuple(seeds if seeds is not None else RUN_SETTINGS[cases]["seeds"])

@@ -17,7 +17,7 @@ import torch
 
 from numcheck.measure.numerics import PINNED, pinned
 from numcheck.frontends.progress import training_step
-from numcheck.convergence.linear import QuantState, apply_recipe
+from numcheck.convergence.linear import QuantState, apply_plan, apply_recipe
 from numcheck.convergence.models import build
 from numcheck.convergence.recipes import Spec
 
@@ -56,6 +56,9 @@ def train(model_name: str, spec: Spec, seed: int, steps: int, device: str = "cpu
         apply_recipe(model, spec.obj)
     elif spec.kind == "convert":
         model = spec.obj(model)
+    elif spec.kind == "plan":
+        state = QuantState(seed, device)
+        apply_plan(model, spec.obj, state)
     model.to(device)
     opt = torch.optim.AdamW(model.parameters(), lr=lr, betas=(0.9, 0.95), weight_decay=0.0)
     loss_s = np.full(steps, np.nan)

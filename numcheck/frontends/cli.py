@@ -525,6 +525,64 @@ def _inspect(args: argparse.Namespace) -> int:
     return EXIT_FAILED if where else EXIT_OK
 
 
+# --- plan ---------------------------------------------------------------------------------------
+
+@_command("plan", help="per linear layer, the cheapest candidate format whose what-if "
+                       "statistics stay within the limits",
+          arguments=(_arg("records", nargs="*", metavar="PARQUET",
+                          help="sensitivity records (nc.telemetry.sensitivity); or --model"),
+                     _arg("--model", default=None, help="measure this model first: a "
+                          "built-in or planted name (mlp_outliers) or module:attr (as inspect)"),
+                     _arg("--loss", default=None, metavar="MODULE:ATTR",
+                          help="a callable (model, batch) -> loss (as for inspect)"),
+                     _arg("--batches", type=int, default=2, help="with --model"),
+                     _arg("--candidates", default="nvfp4,mxfp8,bf16",
+                          help="comma-separated recipe names (default: %(default)s)"),
+                     _arg("--limit", action="append", default=[], metavar="NAME=VALUE",
+                          help="override a limit (VALUE none: off): gemm_drop_db "
+                               "saturation_pts underflow_pct worst_block_drop_db "
+                               "min_gemm_sqnr_db"),
+                     _arg("--verify", action="store_true",
+                          help="train the plan and the cheapest uniform recipe through the "
+                               "convergence gate (a built-in or planted --model)"),
+                     _arg("--out", default="results/plan",
+                          help="folder for plan.json (and sensitivity.parquet with --model)")))
+def _plan(args: argparse.Namespace) -> int:
+    """Per linear layer, the cheapest candidate within the limits (docs/telemetry.md, "Which
+    layers can take which format"): print it with why each layer left the cheapest format,
+    write plan.json (numcheck converge --plan). Exit 1 when --verify's gate fails the plan."""
+    from numcheck.telemetry.planner import plan
+
+    if bool(args.records) == bool(args.model):
+        raise UsageError("numcheck plan: give sensitivity parquet files or --model (not both)")
+    limits = {}
+    for item in args.limit:
+        name, sep, value = item.partition("=")
+        try:
+            limits[name] = None if value.lower() == "none" else float(value if sep else "?")
+        except ValueError as e:
+            raise UsageError(f"--limit {item!r}: write NAME=VALUE, VALUE a number or none") from e
+    candidates = tuple(c for c in args.candidates.split(",") if c)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    records = args.records
+    if args.model:
+        from numcheck.telemetry.inspect import measure_sensitivity
+        records = measure_sensitivity(args.model, args.batches, candidates, args.loss)
+        records.to_parquet(out / "sensitivity.parquet", index=False)
+        print(f"records: {out / 'sensitivity.parquet'} ({len(records)} rows)")
+    got = plan(records, candidates=candidates, limits=limits)
+    print(got.summary())
+    print(f"plan: {got.to_json(out / 'plan.json')}")
+    if not args.verify:
+        return EXIT_OK
+    if not args.model or ":" in args.model:
+        raise UsageError("--verify trains a built-in or planted model: give --model NAME")
+    run, passed = got.verify(args.model)
+    print(run.table())
+    return EXIT_OK if passed else EXIT_FAILED
+
+
 # --- init ---------------------------------------------------------------------------------------
 
 @_command("init", help="set numcheck up in a repository: pytest ini keys, CI workflow, "
@@ -593,13 +651,17 @@ def _explain(args: argparse.Namespace) -> int:
 @_command("converge", help="short paired training runs per precision recipe, gated",
           arguments=(
               _arg("--model", action="append", default=None,
-                   help="mlp, tiny_lm or tiny_dit (repeatable; default all)"),
+                   help="mlp, tiny_lm or tiny_dit (repeatable; default all), or a planted "
+                        "model: mlp_outliers, tiny_lm_outliers (numcheck plan's test bed)"),
               _arg("--recipe", action="append", default=None,
                    help="recipe name (repeatable; default every recipe): fp32 bf16 fp8_tensor "
                         "fp8_row fp8_block mxfp8 mxfp4 nvfp4 nvfp4_rht_sr ..."),
               _arg("--steps", type=int, default=None),
               _arg("--seeds", type=int, default=None, help="number of paired seeds"),
               _arg("--cases", default="quick", choices=CASE_SETS),
+              _arg("--plan", default=None, metavar="PLAN_JSON",
+                   help="also train this per-layer plan (numcheck plan's plan.json) as "
+                        "recipe 'plan'"),
               _arg("--out", default="results/convergence",
                    help="folder for the plot (<model>.png), table and curves parquet")))
 def _converge(args: argparse.Namespace) -> int:
@@ -617,10 +679,16 @@ def _converge(args: argparse.Namespace) -> int:
 
     out = Path(args.out)
     records = []
+    recipes = args.recipe
+    if args.plan:
+        from numcheck.convergence.recipes import DEFAULT_RECIPES
+        from numcheck.telemetry.planner import Plan
+        recipes = {**{r: None for r in (args.recipe or DEFAULT_RECIPES)},
+                   "plan": Plan.from_json(args.plan)}
     for model in args.model or list(MODELS):
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            run = converge(model, recipes=args.recipe, steps=args.steps,
+            run = converge(model, recipes=recipes, steps=args.steps,
                            seeds=None if args.seeds is None else range(args.seeds),
                            cases=args.cases, device="cpu", out_dir=out)
         print(run.table())

@@ -6,7 +6,9 @@ returns a ``Telemetry`` (context manager): ``step()``, ``records()``, ``to_parqu
 ``merge(frames)`` merges per-rank records (frames or parquet paths); ``register(target, op)``
 watches a module class, a function or "module:function" as an op; ``diff(a, b)`` says where
 two runs' telemetry parts ways; ``compare(model, batches, a, b)`` runs two configurations of
-one model and names the first layer where B parts from A.
+one model and names the first layer where B parts from A; ``sensitivity(model, batches,
+candidates)`` records what each candidate recipe does to each linear layer's own GEMMs, and
+``plan(records, candidates, limits)`` picks the cheapest candidate per layer from them.
 
 Names load on first use (PEP 562): the family's rules (``telemetry_rules``, torch-free) are read
 by ``numcheck compare`` / ``report`` without importing torch.
@@ -15,8 +17,9 @@ from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["COLUMNS", "DERIVED", "FIELDS", "KEY", "ROLES", "NonFinite", "NoProducer", "Telemetry",
-           "classify", "compare", "diff", "merge", "quant_stats", "register", "tensor_stats", "watch"]
+__all__ = ["COLUMNS", "DERIVED", "FIELDS", "KEY", "ROLES", "NonFinite", "NoProducer", "Plan",
+           "Telemetry", "classify", "compare", "diff", "merge", "plan", "quant_stats", "register",
+           "sensitivity", "tensor_stats", "watch"]
 
 
 def __getattr__(name: str) -> Any:
@@ -31,6 +34,10 @@ def __getattr__(name: str) -> Any:
         from numcheck.telemetry import divergence as home
     elif name == "compare":
         from numcheck.telemetry import live as home
+    elif name in ("Plan", "plan"):
+        from numcheck.telemetry import planner as home
+    elif name == "sensitivity":
+        from numcheck.telemetry import layer_sensitivity as home
     else:
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
     value = globals()[name] = getattr(home, name)

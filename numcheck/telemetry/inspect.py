@@ -35,6 +35,17 @@ def load(ref: str, seed: int = 0):
     return got
 
 
+def measure_sensitivity(ref: str, batches: int, candidates, loss: str | None = None):
+    """``layer_sensitivity.sensitivity`` records of a model reference (``load``) on its task's
+    first ``batches`` batches (seed 0), its loss as ``loss_of`` finds it (``numcheck plan``)."""
+    from numcheck.telemetry.layer_sensitivity import sensitivity
+
+    model, task, _ = load(ref)
+    got = [task.batch_at(0, i) for i in range(batches)]
+    # sensitivity runs a deep copy: the loss is looked up on the model it is given
+    return sensitivity(model, got, candidates, loss=lambda m, b: loss_of(m, loss, ref)(b))
+
+
 def _callable(ref: str, what: str):
     mod_name, _, attr = ref.partition(":")
     try:

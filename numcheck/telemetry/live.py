@@ -92,7 +92,9 @@ def _configure(model: nn.Module, config, seed: int, what: str):
                      "function model -> model")
 
 
-def _loss(model: nn.Module, batch, loss):
+def batch_loss(model: nn.Module, batch, loss, who: str = "compare"):
+    """The scalar loss of ``model`` on ``batch``: ``loss(model, batch)`` when given, else
+    ``model.loss(batch)``, else the model's output, its ``.loss`` or its first item."""
     if loss is not None:
         return loss(model, batch)
     if hasattr(model, "loss"):
@@ -102,7 +104,7 @@ def _loss(model: nn.Module, batch, loss):
     if isinstance(out, (tuple, list)):
         out = out[0]
     if not (isinstance(out, torch.Tensor) and out.numel() == 1):
-        raise UsageError("compare: the model's output is no scalar loss; give "
+        raise UsageError(f"{who}: the model's output is no scalar loss; give "
                          "loss=lambda model, batch: <a scalar tensor>")
     return out
 
@@ -141,7 +143,7 @@ def _record(model: nn.Module, batch, loss, ctx) -> list[tuple[str, str, torch.Te
             handles.append(m.register_forward_hook(hook(name)))
     try:
         with ctx():
-            value = _loss(model, batch, loss)
+            value = batch_loss(model, batch, loss)
         value.backward()
     finally:
         for h in handles:

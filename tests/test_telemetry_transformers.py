@@ -135,3 +135,33 @@ def test_diff_by_digest_names_a_one_ulp_change_in_a_llama():
     assert got.first is None or got.first.step >= 1, got.summary()
     assert (bits.step, bits.module, bits.role) == (1, "model.layers.1.mlp.up_proj", "output"), \
         got.summary()
+
+
+def test_plan_keeps_a_llama_layer_with_massive_activations_wider():
+    # massive activations planted in layers.0's down_proj input (four channels of 256, their
+    # weight columns zero: the function is the plain model's minus four channels)
+    torch.manual_seed(1)
+    batches = [{"input_ids": (ids := torch.randint(0, 128, (2, 16))), "labels": ids}
+               for _ in range(2)]
+    model = _llama(torch.float32)
+    down = model.model.layers[0].mlp.down_proj
+    channels = [3, 40, 77, 100]
+    with torch.no_grad():
+        down.weight[:, channels] = 0.0
+
+    def massive(mod, args):
+        x = args[0].clone()
+        x[..., channels] = 256.0
+        return (x,)
+    down.register_forward_pre_hook(massive)
+    plan = telemetry.plan(telemetry.sensitivity(model, batches))
+    wider = {m: r for m, r in plan.choices.items() if r != "nvfp4"}
+    assert wider == {"model.layers.0.mlp.down_proj": "mxfp8"}
+    assert len(plan.choices) == 15                    # 14 projections and the tied lm_head
+    # the plan applied to a fresh Llama: tied weights stay tied, the loss and logits interface
+    # still trains
+    fresh = plan.apply(_llama(torch.float32))
+    assert fresh.lm_head.weight is fresh.model.embed_tokens.weight
+    out = fresh(**batches[0])
+    out.loss.backward()
+    assert torch.isfinite(out.loss) and fresh.model.embed_tokens.weight.grad is not None

@@ -28,6 +28,7 @@ import torch
 
 from numcheck import formats
 from numcheck.measure.backend import njit
+from numcheck.measure.host_memory import host_view
 
 # The integer view the loop reads each output dtype through: it decodes the bits itself (the
 # same for every format, and no fp8 conversion to depend on).
@@ -62,8 +63,8 @@ def chunk(o: torch.Tensor, r: torch.Tensor, tr: int, tc: int, k: tuple, blk: np.
     """Statistics of one 2-D chunk: ``o`` (stored in the format, rows contiguous), ``r`` float64.
     Writes the chunk's block sums into ``blk`` (3, blocks) and adds min(u, len(hist) - 1) into
     ``hist``; returns (floats (NF,), ints (NI,)) as _loop fills them."""
-    bits = o.view(_BITS[o.dtype]).numpy()  # one compile a width (~2 s, then numba's cache)
-    ref = r.numpy()
+    bits = host_view(o.view(_BITS[o.dtype])).reshape(o.shape)  # one compile a width (~2 s)
+    ref = host_view(r).reshape(r.shape)
     fl = np.zeros(NF, dtype=np.float64)
     it = np.zeros(NI, dtype=np.int64)
     _loop(bits, ref, ref.view(np.int64), tr, tc, *k, _POW2, blk, fl, it, hist)

@@ -43,6 +43,7 @@ import torch
 
 from numcheck import formats
 from numcheck.measure.backend import njit
+from numcheck.measure.host_memory import host_view
 from numcheck.telemetry import digest as _digest_def
 from numcheck.telemetry import fields
 
@@ -63,7 +64,7 @@ _FP16_REBIAS = _F64.bias - _FP16.bias
 _F64_MBITS = _F64.mbits
 _FP16_FRAC_SHIFT = _F64.mbits - _FP16.mbits
 _FP16_TINY = _FP16.min_subnormal
-# the memory views torch.Tensor.numpy() hands over without a copy (a Parameter's detach() is
+# the memory views measure.host_memory.host_view takes without a copy (a Parameter's detach() is
 # a plain Tensor; any other subclass may not own plain memory: the torch route)
 _PLAIN = (torch.Tensor, torch.nn.Parameter)
 
@@ -86,11 +87,11 @@ def raw(t: torch.Tensor, sums: bool = True) -> list[float]:
     n = x.numel()
     ibits, inf, mask = _BITS[x.dtype]
     if x.dtype is torch.float32 or x.dtype is torch.float64:
-        v = x.numpy().reshape(-1)
+        v = host_view(x)
         r = _float_pass(v, v.view(np.int64 if x.dtype is torch.float64 else np.int32), inf,
                         mask, sums)
     else:
-        b = x.view(ibits).numpy().reshape(-1)
+        b = host_view(x.view(ibits))
         r = _half_pass(b, x.dtype is torch.bfloat16, sums)
     return [1.0, float(n), *r]
 
@@ -105,7 +106,7 @@ def finite(t: torch.Tensor) -> bool:
     ibits, np_int, inf, mask = _FINITE[x.dtype]
     # float32/float64: numpy's own view (a torch view first costs ~0.5 us a call, and the
     # sentinel reads a tensor per parameter each step); 16-bit: numpy has no such floats
-    b = (x.view(ibits) if ibits is not None else x).numpy().ravel().view(np_int)
+    b = host_view(x.view(ibits) if ibits is not None else x).view(np_int)
     return bool(_max_mag(b, mask) < inf)
 
 
@@ -134,9 +135,9 @@ def digest(t: torch.Tensor) -> float:
     if not x.is_contiguous():
         x = x.contiguous()
     view, np_int, mask = _DIGEST_VIEW[x.dtype]
-    a = (x.view(view) if view is not None else x).numpy()
-    b = a.view(np_int)
-    return float(_digest_pass(b.reshape(-1, b.shape[-1]), np.int64(mask)))
+    b = host_view(x.view(view) if view is not None else x).view(np_int)
+    cols = x.shape[-1] * (2 if x.dtype is torch.float64 else 1)
+    return float(_digest_pass(b.reshape(-1, cols), np.int64(mask)))
 
 
 @njit(error_model="numpy")
@@ -170,9 +171,8 @@ def sqnr(out: torch.Tensor, ref64: torch.Tensor) -> tuple[float, float] | None:
     o = out.detach()
     if o.dtype is not torch.float32 and o.dtype is not torch.float64:
         o = o.to(torch.float64)  # 16-bit outputs: one exact conversion, then the float loop
-    o = o.contiguous().numpy().reshape(-1)
-    r = ref64.detach().contiguous().numpy().reshape(-1)
-    return _sqnr_pass(o, r)
+    o, r = o.contiguous(), ref64.detach().contiguous()
+    return _sqnr_pass(host_view(o), host_view(r))
 
 
 @njit(error_model="numpy")

@@ -57,6 +57,7 @@ import torch
 
 from numcheck import formats
 from numcheck.measure import backend
+from numcheck.measure.host_memory import host_view
 from numcheck.quant.fp8 import FP8Format
 from numcheck.quant.intq import IntFormat
 from numcheck.quant.mx import E8M0_EMAX, E8M0_EMIN, NAN_EXP, MXFormat
@@ -569,7 +570,7 @@ def _fields(t: torch.Tensor, fmts) -> list[dict[str, float] | None]:
     if not x.is_contiguous():
         x = x.contiguous()
     # numpy's reshape of a contiguous array is a view (torch's costs a dispatch)
-    src = (x.view(torch.int16) if kind else x).numpy().reshape(-1, cols)
+    src = host_view(x.view(torch.int16) if kind else x).reshape(-1, cols)
     rows = src.shape[0]
     wide: dict = {}  # (padded rows, padded cols) -> the float64 copy
     out: list = []

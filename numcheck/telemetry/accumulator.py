@@ -15,7 +15,7 @@ from typing import NamedTuple
 import torch
 
 from numcheck.telemetry import fields
-from numcheck.telemetry.observation import Pending, StepReads, finite, plain_of, read_back
+from numcheck.telemetry.observation import Pending, StepReads, finite, local, plain_of, read_back
 from numcheck.telemetry.passes import dev_part, dev_quant, digest_field, host_quants, put
 
 ROLES = ("input", "weight", "output", "grad_output", "grad_input", "grad_weight")
@@ -35,9 +35,12 @@ class NonFinite(_Where):
     equal to a plain tuple; ``inputs`` holds the statistics of what it consumed (forward: its
     inputs and the parameters of it and its submodules; backward: its grad_output and what
     the forward saved, the call's inputs and those parameters): n, n_nan, n_inf, amax,
-    min_nonzero."""
+    min_nonzero. Under several ranks: ``rank``, the rank that made it (agreed on every rank),
+    and ``received``, the other ranks whose rows hold NaN/Inf (they received it)."""
 
     inputs: dict
+    rank = None
+    received: tuple = ()
 
 
 class NoProducer(NamedTuple):
@@ -67,8 +70,11 @@ class Accumulator:
     ``rank``: written into every row; ``digests``: each row's digest field as well (else NaN)."""
 
     def __init__(self, reads: StepReads, recipes: list, rank: int,
-                 digests: bool = False) -> None:
+                 digests: bool = False, several: bool = False) -> None:
         self.reads, self.recipes, self.rank, self.digests = reads, recipes, rank, digests
+        # several ranks in a process group: each row's sharding (fields.SHARDING)
+        self.several = several
+        self.sharding: dict[tuple, str] = {}
         # per row key: [host vector (floats), device parts: (field indices, (r, k) rows[, fix])]
         self.slots: dict[tuple, list] = {}
         # producer checks: (module, op, role, pass, flag (None: read at flush()), what the call
@@ -89,6 +95,7 @@ class Accumulator:
         """Drop what this step gathered (a replay that failed: nothing to name from it)."""
         self.slots.clear()
         self.events.clear()
+        self.sharding.clear()
 
     def records(self):
         """pandas DataFrame, one row per (step, module, op, role, pass, recipe)."""
@@ -110,6 +117,8 @@ class Accumulator:
         as floats or CPU tensors); fields on a device wait as device parts (read at
         flush()). ``extra``: more fields for the row (passes.sqnr_pair's: dicts, or device
         parts)."""
+        sharding = self._sharding(t, role)
+        t = local(t)
         if t.numel() == 0:
             return
         tags = [("", None, False)]
@@ -127,6 +136,7 @@ class Accumulator:
             if slot is None:
                 slot = self.slots[(name, op, role, pass_, tag, what_if)] = \
                     [fields.host_identity(), []]
+                self.sharding[(name, op, role, pass_, tag, what_if)] = sharding
             h = slot[0]
             if host:
                 fields.host_plain(h, p)
@@ -140,6 +150,19 @@ class Accumulator:
                 put(slot[1], dev_part(e, h) if isinstance(e, dict) else e)
             if bits is not None:
                 put(slot[1], dev_part(bits, h))
+
+    def _sharding(self, t: torch.Tensor, role: str) -> str:
+        """How t lies across the ranks (fields.SHARDING): a DTensor by its placements; a plain
+        tensor under several ranks: a parameter replicated, its gradient a partial summand
+        (before the all-reduce), anything else this rank's rows of the batch."""
+        if type(t).__name__ == "DTensor":
+            places = t.placements
+            if any(p.is_shard() for p in places):
+                return "sharded"
+            return "partial" if any(p.is_partial() for p in places) else "replicated"
+        if not self.several:
+            return ""
+        return {"weight": "replicated", "grad_weight": "partial"}.get(role, "split")
 
     def flush(self, step: int) -> None:
         """The step's rows and its first producer: the device parts of its rows and of its
@@ -157,6 +180,7 @@ class Accumulator:
                 fields.host_rows(raw, idx, fix[0](got[id(x)]) if fix else got[id(x)])
             row = {"step": step, "rank": self.rank, "module": k[0], "op": k[1], "role": k[2],
                    "pass": k[3], "recipe": k[4], "what_if": k[5],
+                   "sharding": self.sharding.pop(k, ""),
                    **dict(zip(fields.NAMES, raw, strict=True))}
             if not self.digests:
                 row["digest"] = math.nan

@@ -75,7 +75,15 @@ IDENTITY = tuple(_IDENTITY[how] for _, how in FIELDS)
 DERIVED = ("nonfinite", "dynamic_range_binades", "underflow_pct", "saturation_pct", "sqnr_db",
            "scale_min_binades", "scale_max_binades", "scale_std_binades", "block_clip_pct",
            "scale_sat_pct", "worst_block_sqnr_db", "shadow_sqnr_db", "e2e_sqnr_db")
-COLUMNS = KEY + NAMES + DERIVED
+# How a row's tensor lies across the ranks of a process group (docs/telemetry.md,
+# "Distributed"): "" one process; "replicated" the same tensor on every rank (DDP's weights; a
+# Replicate DTensor), merged by taking one rank's row; "sharded" this rank's shard of a DTensor
+# (FSDP2, tensor parallelism); "split" this rank's rows of a batch-split tensor (activations
+# and their gradients); "partial" this rank's summand of a tensor a collective sums (DDP's
+# weight gradients before the all-reduce): sharded, split and partial rows merge by
+# FIELDS' rules (partial rows then describe the ranks' parts, not the reduced tensor)
+SHARDING = ("", "replicated", "sharded", "split", "partial")
+COLUMNS = KEY + ("sharding",) + NAMES + DERIVED
 
 
 # ---- host accumulation (Python floats, no torch op per observation) --------------------------
@@ -303,24 +311,35 @@ def derive(df):
 def frame(rows: list[dict]):
     """A records() frame (KEY, raw fields, derived columns) from raw rows."""
     import pandas as pd
-    df = pd.DataFrame(rows, columns=list(KEY + NAMES))
+    df = pd.DataFrame(rows, columns=list(KEY + ("sharding",) + NAMES))
     df[list(NAMES)] = df[list(NAMES)].astype("float64")
     df["what_if"] = df["what_if"].astype(bool)
+    df["sharding"] = df["sharding"].fillna("").astype(str)
     return derive(df)[list(COLUMNS)]
 
 
 def merge(frames):
     """Merge per-rank records() frames (or parquet paths): sums add, maxima and minima take the
     max and min, then the derived columns are recomputed. Rows are matched on (step, module,
-    op, role, pass, recipe, what_if); the merged rows have rank -1. A replicated tensor (the
-    same weight on every rank) is counted once per rank: its sums grow, its percentages and
-    SQNRs do not change."""
+    op, role, pass, recipe, what_if); the merged rows have rank -1. Rows whose ``sharding`` is
+    "replicated" (the same tensor on every rank) are taken from one rank (the lowest); rows
+    without a sharding (files from one process, or older files) are merged by the rules, so
+    a replicated tensor there counts once per rank: its sums grow, its percentages and SQNRs
+    do not change."""
     import pandas as pd
     frames = [pd.read_parquet(f) if not isinstance(f, pd.DataFrame) else f for f in frames]
     if not frames:
         return frame([])
     df = pd.concat(frames, ignore_index=True)
+    if "sharding" not in df.columns:
+        df["sharding"] = ""
+    df["sharding"] = df["sharding"].fillna("").astype(str)
     keys = [k for k in KEY if k != "rank"]
-    out = df.groupby(keys, sort=True, dropna=False).agg(dict(FIELDS)).reset_index()
+    rep = df["sharding"] == "replicated"
+    if rep.any():   # one rank's copy: the lowest rank's
+        low = df[rep].groupby(keys, dropna=False)["rank"].transform("min")
+        df = df[~rep | (df["rank"] == low.reindex(df.index))]
+    how = {**dict(FIELDS), "sharding": "first"}
+    out = df.groupby(keys, sort=True, dropna=False).agg(how).reset_index()
     out["rank"] = -1
     return derive(out)[list(COLUMNS)]

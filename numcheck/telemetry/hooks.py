@@ -265,7 +265,15 @@ class Hooks:
             # the calls whose grad_outputs its gradient comes from: its holders' calls, or
             # the compiled region's around them
             calls = list(dict.fromkeys(regions.get(n, n) for n in names))
-            self.weight_handles.append(p.register_hook(self._wgrad(names, rows, calls)))
+            hook = self._wgrad(names, rows, calls)
+            if type(p).__name__ == "DTensor":
+                # FSDP2's sharded parameters get their gradient by reduce-scatter, past any
+                # autograd hook of theirs; FSDP2 (and accumulation into any DTensor) calls
+                # the post-accumulate hooks with it: this rank's shard of the gradient
+                self.weight_handles.append(p.register_post_accumulate_grad_hook(
+                    lambda q, h=hook: h(q.grad)))
+            else:
+                self.weight_handles.append(p.register_hook(hook))
         self.params = self.params_key()
         self._subtree = {}
 

@@ -66,6 +66,13 @@ def plain_of(obs, got: dict) -> list[float] | None:
     return h
 
 
+def local(t: torch.Tensor) -> torch.Tensor:
+    """A DTensor's local shard (FSDP2's parameters and gradients, tensor-parallel shards):
+    what this rank holds and computes with (docs/telemetry.md, "Distributed"); any other
+    tensor as it is. Torch ops on the DTensor itself would run collectives per statistic."""
+    return t.to_local() if type(t).__name__ == "DTensor" else t
+
+
 def read_back(tensors) -> dict:
     """id -> numpy copy of each tensor (2-D), one device-to-host copy per device."""
     by_dev: dict = {}
@@ -101,6 +108,7 @@ class StepReads:
         storage and forward pass (a parameter's ``.data`` can be written behind its version
         counter, between forwards: the optimizer's step); the CPU integer pass's fields
         (sum_sq NaN) do not answer ``full``; ``fresh``: read it again (and store that)."""
+        t = local(t)
         e = self.memo.get(id(t))
         try:
             tag = (t._version, t.data_ptr(), self.forwards)

@@ -36,6 +36,7 @@ from numcheck.telemetry.hooks import ROOT, Hooks
 from numcheck.telemetry.op_classes import classify, compiled_region, region_body
 from numcheck.telemetry.observation import StepReads
 from numcheck.telemetry.passes import all_finite
+from numcheck.telemetry.ranks import Ranks, is_data_parallel
 from numcheck.telemetry.rng import devices, rng_states, set_rng_states
 from numcheck.telemetry.sentinel import Sentinel
 from numcheck.telemetry.shadows import KeepFP64, Shadows
@@ -70,6 +71,21 @@ def _display_name(path: str, m: nn.Module) -> str:
     hooks see the same call from outside, is named ``<path> (compiled)``)."""
     name = ".".join(p for p in path.split(".") if p and p != "_orig_mod") or ROOT
     return f"{name} (compiled)" if compiled_region(m) else name
+
+
+def _display_names(model: nn.Module) -> dict:
+    """module -> its name in rows (``_display_name``), with DistributedDataParallel's own
+    ``module`` level left out: the model it wraps takes its name, and the wrapper is named
+    ``<its name> (ddp)``."""
+    wrapped = {f"{p}.module" if p else "module" for p, m in model.named_modules()
+               if is_data_parallel(m)}
+    out = {}
+    for path, m in model.named_modules():
+        parts = path.split(".") if path else []
+        keep = [seg for i, seg in enumerate(parts) if ".".join(parts[:i + 1]) not in wrapped]
+        name = _display_name(".".join(keep), m)
+        out[m] = f"{name} (ddp)" if is_data_parallel(m) else name
+    return out
 
 
 def _regions(model: nn.Module) -> dict:
@@ -114,7 +130,8 @@ class Telemetry:
 
     def __init__(self, model: nn.Module, recipe=None, shadow: bool = False, what_if=(),
                  every: int = 1, enabled: bool = True, rank: int | None = None,
-                 inside_compiled: bool = False, digests: bool = False) -> None:
+                 inside_compiled: bool = False, digests: bool = False,
+                 replicas: bool | None = None) -> None:
         if not isinstance(model, nn.Module):
             raise UsageError(f"watch: model must be an nn.Module, got {type(model).__name__}")
         every = _steps(every)
@@ -150,7 +167,7 @@ class Telemetry:
         self._armed: str | None = None
         self._sentinel = Sentinel(self)
         self._devs: set = set()   # the model's accelerator devices, read when armed
-        self._names = names = {m: _display_name(n, m) for n, m in model.named_modules()}
+        self._names = names = _display_names(model)
         ops = {m: classify(m) for m in names}
         regions = _regions(model)
         # the regions watched from their boundary (a module compiled in place may hold none)
@@ -170,7 +187,8 @@ class Telemetry:
                 "inside_compiled=True) for per-layer rows, at the cost of graph breaks "
                 "(docs/telemetry.md)", UserWarning, stacklevel=3)
         self.reads = StepReads()
-        self.acc = Accumulator(self.reads, self.recipes, rank, bool(digests))
+        self.ranks = Ranks(model, names, replicas)
+        self.acc = Accumulator(self.reads, self.recipes, rank, bool(digests), self.ranks.on)
         # float64 shadows, copied before any hook of ours exists (deepcopy copies hooks)
         self.shadows = Shadows(model, ops, shadow, self, names)
         self.hooks = Hooks(self, model, names, ops, self.reads, self.acc, self.shadows,
@@ -245,9 +263,12 @@ class Telemetry:
         self._replay_if_due()
         if self.acc.pending():
             self.acc.flush(self.step_index)
-        if self.acc.first is None and self.acc.nonfinite_rows and not self._told_rows:
+        if self.ranks.on and self.enabled and self.step_index % self.every == 0:
+            self.ranks.after_step(self.step_index, self.acc.first, self.acc.nonfinite_rows)
+        why = self.first_nonfinite() if self.acc.first is None and self.acc.nonfinite_rows \
+            and not self._told_rows else None
+        if isinstance(why, NoProducer):   # (another rank's producer names it: no warning)
             self._told_rows = True
-            why = self.first_nonfinite()
             warnings.warn(f"numcheck.telemetry: rows up to step {self.step_index} hold NaN or "
                           f"Inf and no producer is named: {why.detail}", RuntimeWarning,
                           stacklevel=2)
@@ -266,11 +287,23 @@ class Telemetry:
     def to_parquet(self, path) -> None:
         self.records().to_parquet(path, index=False)
 
+    def replicas(self):
+        """DataFrame (step, parameter, ranks, max_abs_diff) of the data-parallel replicas that
+        differed after a recorded step (numcheck/telemetry/ranks.py); empty when all agree or
+        with one rank; the same on every rank."""
+        return self.ranks.frame()
+
     def first_nonfinite(self) -> NonFinite | NoProducer:
         """(step, module, op, role, pass) of the first module/op that made a NaN or Inf out of
         finite inputs (forward: inputs and weight; backward: grad_output); else a NoProducer
-        (false in a boolean context) saying why none is named."""
+        (false in a boolean context) saying why none is named. Under several ranks, the
+        earliest (step, rank) of all ranks', agreed at each recorded step (``.rank``,
+        ``.received``)."""
+        if self.ranks.first is not None:
+            return self.ranks.first
         if self.acc.first is not None:
+            if self.acc.first.rank is None:
+                self.acc.first.rank = self.rank
             return self.acc.first
         if self.acc.seen is not None:
             step, module, op, role, pass_ = self.acc.seen
@@ -388,7 +421,8 @@ class Telemetry:
 
 def watch(model: nn.Module, recipe=None, shadow: bool = False, what_if=(), every: int = 1, *,
           enabled: bool = True, rank: int | None = None,
-          inside_compiled: bool = False, digests: bool = False) -> Telemetry:
+          inside_compiled: bool = False, digests: bool = False,
+          replicas: bool | None = None) -> Telemetry:
     """Attach telemetry to ``model`` (docs/telemetry.md); use as a context manager, or call
     ``close()``. ``recipe``/``what_if``: QuantRecipe names (numcheck.quant.recipe.RECIPES) or
     objects; ``every``: record statistics on every n-th step (the producer check covers every
@@ -396,6 +430,9 @@ def watch(model: nn.Module, recipe=None, shadow: bool = False, what_if=(), every
     ``inside_compiled``: a ``torch.compile``d model (or submodule) is watched from its compiled
     region's boundary (its program unchanged); True puts the per-layer hooks inside it too,
     which breaks its graphs (the first step says by how much). ``digests``: each row also
-    holds a 48-bit digest of its tensors' bits (numcheck/telemetry/digest.py), for ``diff``."""
+    holds a 48-bit digest of its tensors' bits (numcheck/telemetry/digest.py), for ``diff``.
+    ``replicas``: check after each recorded step that the data-parallel replicas of every
+    parameter agree across ranks (``Telemetry.replicas()``); default: for a
+    DistributedDataParallel model under a process group of several ranks."""
     return Telemetry(model, recipe, shadow, what_if, every, enabled, rank, inside_compiled,
-                     digests)
+                     digests, replicas)

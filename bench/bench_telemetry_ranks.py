@@ -1,0 +1,103 @@
+"""The cost of telemetry's cross-rank agreement (numcheck/telemetry/ranks.py) per recorded
+step: 2 gloo ranks on the CPU, a DistributedDataParallel tiny model, AdamW, one thread per
+rank. Prints, per model, the median step time unwatched, watched (statistics, the producer
+check and the agreement: its all_gather_object of each rank's first producer and one digest
+per parameter), and the median time of the agreement alone (``Ranks.after_step``), all from
+one run of the two ranks on one machine.
+
+    python bench/bench_telemetry_ranks.py [--models mlp tiny_lm] [--steps 30]
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import socket
+import statistics
+import time
+import warnings
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+
+def _rank(rank: int, world: int, port: int, models: list, steps: int, q) -> None:
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    from numcheck import telemetry
+    from numcheck.convergence.models import build
+    from numcheck.telemetry import ranks as R
+
+    warnings.simplefilter("ignore")
+    torch.set_num_threads(1)
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    dist.init_process_group("gloo", rank=rank, world_size=world)
+    spent: list = []
+    plain_after = R.Ranks.after_step
+
+    def timed(self, *a):
+        t0 = time.perf_counter()
+        plain_after(self, *a)
+        spent.append(time.perf_counter() - t0)
+    R.Ranks.after_step = timed
+    out = {}
+    for name in models:
+        model, task, lr = build(name, 0)
+        m = DDP(model)
+        opt = torch.optim.AdamW(m.parameters(), lr=lr)
+        times = {"plain": [], "watched": []}
+        for mode in ("plain", "watched", "plain", "watched"):
+            t = telemetry.watch(m) if mode == "watched" else None
+            for step in range(steps):
+                b = task.batch_at(rank, step)
+                t0 = time.perf_counter()
+                loss = _loss(m, b)
+                opt.zero_grad()
+                loss.backward()
+                opt.step()
+                if t is not None:
+                    t.step()
+                if step >= 3:
+                    times[mode].append(time.perf_counter() - t0)
+            if t is not None:
+                t.close()
+        out[name] = (statistics.median(times["plain"]), statistics.median(times["watched"]),
+                     statistics.median(spent), len(list(m.parameters())))
+        spent.clear()
+    if rank == 0:
+        q.put(out)
+    dist.destroy_process_group()
+
+
+def _loss(ddp, batch):
+    # through the DDP wrapper's forward (its hooks and the gradient all-reduce)
+    inner = ddp.module
+    if hasattr(inner, "blocks"):
+        logits = ddp(batch["tokens"]).float()
+        return torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]),
+                                                 batch["targets"].reshape(-1))
+    return torch.nn.functional.mse_loss(ddp(batch["x"]).float(), batch["y"])
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--models", nargs="+", default=["mlp", "tiny_lm"])
+    ap.add_argument("--steps", type=int, default=30)
+    args = ap.parse_args()
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    ctx = mp.get_context("spawn")
+    q = ctx.Queue()
+    mp.start_processes(_rank, args=(2, port, args.models, args.steps, q), nprocs=2,
+                       start_method="spawn")
+    out = q.get()
+    print(f"{'model':10s} {'params':>6s} {'plain ms':>9s} {'watched':>8s} {'agreement ms':>13s} "
+          f"{'of a plain step':>16s}")
+    for name, (plain, watched, agree, n) in out.items():
+        print(f"{name:10s} {n:6d} {1e3 * plain:9.2f} {watched / plain:7.2f}x "
+              f"{1e3 * agree:13.3f} {agree / plain:15.2f}x")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,127 @@
+"""What the ranks of a process group agree on, once per recorded step (docs/telemetry.md,
+"Distributed"): the first non-finite producer across ranks, and whether the data-parallel
+replicas of each parameter are still equal.
+
+One collective per recorded step (an ``all_gather`` of one float64 vector per rank over the
+watch's group: whether and at which step it named a producer, whether its rows hold NaN/Inf,
+and a digest of each replicated parameter's bits, numcheck/telemetry/digest.py); a second only
+when a rank named a producer earlier than the agreed one (the producers, as objects) or when
+some digests differ (those parameters themselves, to measure the largest difference). Every rank computes the same answer
+from the same gathered values, so ``first_nonfinite()`` and ``replicas()`` agree on every rank.
+Every rank must call ``step()`` (and ``close()``) the same number of times, as every rank runs
+a collective's other calls.
+
+Replicated parameters: those of a ``DistributedDataParallel`` root (every parameter is a
+replica), or every parameter of a model watched with ``replicas=True`` (a data-parallel loop
+of one's own); parameters that are DTensors (FSDP2 shards, tensor-parallel shards) are not
+replicas and are left out.
+"""
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+
+__all__ = ["Ranks", "is_data_parallel", "replica_columns"]
+
+# ranks: the lowest rank and the ranks whose copy differs from its copy; max_abs_diff: the
+# largest |difference| from the lowest rank's copy
+replica_columns = ["step", "parameter", "ranks", "max_abs_diff"]
+
+
+def is_data_parallel(model: nn.Module) -> bool:
+    return isinstance(model, nn.parallel.DistributedDataParallel)
+
+
+def _is_dtensor(p: torch.Tensor) -> bool:
+    return type(p).__name__ == "DTensor"
+
+
+class Ranks:
+    """The cross-rank agreement of one watch (module doc). ``on``: a process group of more
+    than one rank is up; ``rows``: replica mismatches (replica_columns); ``first``: the agreed
+    earliest producer, with ``.rank`` and ``.received`` (the other ranks whose rows hold
+    NaN/Inf: they received it, through a collective or an optimizer step)."""
+
+    def __init__(self, model: nn.Module, names: dict, replicas: bool | None, group=None) -> None:
+        dist = torch.distributed
+        self.on = dist.is_available() and dist.is_initialized() and \
+            dist.get_world_size(group) > 1
+        self.group, self.rows, self.first = group, [], None
+        if replicas is None:
+            replicas = is_data_parallel(model)
+        self.params: list[tuple[str, torch.Tensor]] = []
+        if self.on and replicas:
+            owner = {id(p): names.get(m, "") for m in model.modules()
+                     for p in m.parameters(recurse=False)}
+            seen = set()
+            for full, p in model.named_parameters():
+                if id(p) in seen or _is_dtensor(p):
+                    continue
+                seen.add(id(p))
+                leaf = full.rpartition(".")[2]
+                base = owner.get(id(p), "")
+                self.params.append((f"{base}.{leaf}" if base and base != "<model>" else leaf,
+                                    p))
+
+    def after_step(self, step: int, first, nonfinite_rows: int) -> None:
+        """The step's collective: gather, agree on the first producer, compare the replicas.
+        One ``all_gather`` of a float64 vector per rank: (named a producer, its step, rows
+        hold NaN/Inf, one digest per replicated parameter: < 2^48, exact in float64); the
+        producers themselves (strings) only when a rank named one earlier than the agreed."""
+        from numcheck.telemetry.passes import digest_field
+
+        dist = torch.distributed
+        world = dist.get_world_size(self.group)
+        head = [float(first is not None), float(first.step if first is not None else -1),
+                float(nonfinite_rows > 0)]
+        digests = [float(digest_field(p.detach())["digest"]) for _, p in self.params]
+        mine = torch.tensor(head + digests, dtype=torch.float64)
+        if dist.get_backend(self.group) == "nccl":
+            mine = mine.cuda()
+        got = [torch.empty_like(mine) for _ in range(world)]
+        dist.all_gather(got, mine, group=self.group)
+        table = [g.cpu().tolist() for g in got]
+        named = [(int(t[1]), r) for r, t in enumerate(table) if t[0]]
+        earlier = bool(named) and (self.first is None
+                                   or min(named) < (self.first.step, self.first.rank))
+        producers: list = [None] * world
+        if earlier:   # every rank sees the same table, so every rank joins this one
+            dist.all_gather_object(producers, None if first is None else (
+                tuple(first), dict(getattr(first, "inputs", {}))), group=self.group)
+        self._agree([(p, bool(t[2]) or bool(t[0])) for p, t in zip(producers, table)])
+        self._compare(step, [t[3:] for t in table])
+
+    def _agree(self, got: list) -> None:
+        """got: per rank, (its producer (where, inputs) when gathered, else None; whether it
+        saw a non-finite value)."""
+        named = [(f[0][0], r, f) for r, (f, _) in enumerate(got) if f is not None]
+        if named:
+            step, rank, (where, inputs) = min(named, key=lambda x: (x[0], x[1]))
+            if self.first is None or (step, rank) < (self.first.step, self.first.rank):
+                from numcheck.telemetry.accumulator import NonFinite
+                first = NonFinite(*where)
+                first.inputs, first.rank, first.received = inputs, rank, ()
+                self.first = first
+        if self.first is not None:   # the ranks it reached: now, or in a later step
+            self.first.received = tuple(sorted(set(self.first.received) | {
+                r for r, (_, bad) in enumerate(got) if r != self.first.rank and bad}))
+
+    def _compare(self, step: int, table: list) -> None:
+        if not self.params or all(t == table[0] for t in table):
+            return
+        dist = torch.distributed
+        differ = [i for i in range(len(self.params)) if len({t[i] for t in table}) > 1]
+        mine = [self.params[i][1].detach().to("cpu", torch.float64) for i in differ]
+        values: list = [None] * len(table)
+        dist.all_gather_object(values, mine, group=self.group)
+        for k, i in enumerate(differ):
+            ref = table[0][i]
+            ranks = tuple(r for r, t in enumerate(table) if t[i] != ref)
+            diff = max(float((values[r][k] - values[0][k]).abs().max()) for r in ranks)
+            self.rows.append({"step": step, "parameter": self.params[i][0],
+                              "ranks": (0, *ranks), "max_abs_diff": diff})
+
+    def frame(self):
+        import pandas as pd
+        return pd.DataFrame(self.rows, columns=replica_columns)

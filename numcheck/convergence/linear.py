@@ -34,7 +34,8 @@ from torch import nn
 
 from numcheck.errors import UsageError
 
-__all__ = ["BF16", "QuantLinear", "QuantState", "apply_plan", "apply_recipe", "is_quant_recipe"]
+__all__ = ["BF16", "QuantLinear", "QuantState", "apply_plan", "apply_recipe", "is_quant_recipe",
+           "padded_qdq"]
 
 # A value counts as saturated when |t| > 1.125 max|qdq(t)|: 1/8 is e4m3's relative spacing
 # below 448 (2^-3), so an e4m3-rounded scale (NVFP4) or an fp32 scale rounding never counts;
@@ -125,19 +126,27 @@ class _QLinearFn(torch.autograd.Function):
         return dx.reshape(ctx.x_shape), dw, db, None, None
 
 
-def _q(recipe, state: QuantState, role: str, t: torch.Tensor, dim: int) -> torch.Tensor:
+def padded_qdq(recipe, role: str, t: torch.Tensor, dim: int,
+               generator: torch.Generator | None) -> torch.Tensor:
+    """``recipe.qdq`` of a 2-D GEMM operand along ``dim``, zero-padded to multiples of PAD on
+    both dims and cut back; t itself where the recipe leaves the role alone."""
     rows, cols = t.shape
     pr, pc = (-rows) % PAD, (-cols) % PAD
     tp = torch.nn.functional.pad(t, (0, pc, 0, pr)) if pr or pc else t
-    qp = recipe.qdq(role, tp, dim=dim, generator=state.generator)
+    qp = recipe.qdq(role, tp, dim=dim, generator=generator)
     if qp.shape != tp.shape or qp.dtype != tp.dtype:
         raise UsageError(f"recipe {getattr(recipe, 'name', recipe)!r}: qdq({role!r}) returned "
                          f"{tuple(qp.shape)} {qp.dtype} for {tuple(tp.shape)} {tp.dtype}; "
                          "fake-quant must keep shape and dtype")
     if qp is tp:
         return t
-    q = qp[:rows, :cols] if pr or pc else qp
-    state.count(role, t, q, _margin(recipe, role))
+    return qp[:rows, :cols] if pr or pc else qp
+
+
+def _q(recipe, state: QuantState, role: str, t: torch.Tensor, dim: int) -> torch.Tensor:
+    q = padded_qdq(recipe, role, t, dim, state.generator)
+    if q is not t:
+        state.count(role, t, q, _margin(recipe, role))
     return q
 
 

@@ -15,7 +15,8 @@ from typing import NamedTuple
 import torch
 
 from numcheck.telemetry import fields
-from numcheck.telemetry.observation import Pending, StepReads, finite, local, plain_of, read_back
+from numcheck.telemetry.observation import (Pending, StepReads, finite, is_dtensor, local,
+                                            plain_of, read_back)
 from numcheck.telemetry.passes import dev_part, dev_quant, digest_field, host_quants, put
 
 ROLES = ("input", "weight", "output", "grad_output", "grad_input", "grad_weight")
@@ -155,7 +156,7 @@ class Accumulator:
         """How t lies across the ranks (fields.SHARDING): a DTensor by its placements; a plain
         tensor under several ranks: a parameter replicated, its gradient a partial summand
         (before the all-reduce), anything else this rank's rows of the batch."""
-        if type(t).__name__ == "DTensor":
+        if is_dtensor(t):
             places = t.placements
             if any(p.is_shard() for p in places):
                 return "sharded"

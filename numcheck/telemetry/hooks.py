@@ -25,7 +25,7 @@ import torch
 from torch import nn
 
 from numcheck.telemetry._structs import tensors
-from numcheck.telemetry.observation import merge_obs
+from numcheck.telemetry.observation import is_dtensor, merge_obs
 from numcheck.telemetry.op_classes import FUNCTION_OPS, WATCHING, Observer, compiled_in_place
 
 ROOT = "<model>"
@@ -266,7 +266,7 @@ class Hooks:
             # the compiled region's around them
             calls = list(dict.fromkeys(regions.get(n, n) for n in names))
             hook = self._wgrad(names, rows, calls)
-            if type(p).__name__ == "DTensor":
+            if is_dtensor(p):
                 # FSDP2's sharded parameters get their gradient by reduce-scatter, past any
                 # autograd hook of theirs; FSDP2 (and accumulation into any DTensor) calls
                 # the post-accumulate hooks with it: this rank's shard of the gradient

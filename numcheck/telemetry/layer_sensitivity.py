@@ -60,17 +60,6 @@ def resolve_candidate(c):
     raise UsageError(f"candidate {c!r}: give a recipe name or a QuantRecipe (has .qdq)")
 
 
-def _qdq(recipe, role: str, t: torch.Tensor, dim: int, generator) -> torch.Tensor:
-    """recipe.qdq along ``dim`` of a 2-D t, zero-padded to whole blocks like QuantLinear."""
-    from numcheck.convergence.linear import PAD
-
-    rows, cols = t.shape
-    pr, pc = (-rows) % PAD, (-cols) % PAD
-    tp = torch.nn.functional.pad(t, (0, pc, 0, pr)) if pr or pc else t
-    q = recipe.qdq(role, tp, dim=dim, generator=generator)
-    return q[:rows, :cols]
-
-
 def _shadow(y: torch.Tensor, yq: torch.Tensor) -> dict[str, float]:
     fin = torch.isfinite(y) & torch.isfinite(yq)
     return {"calls": 1.0, "n": float(y.numel()), "sh_n": 1.0,
@@ -83,15 +72,17 @@ def gemm_fields(x: torch.Tensor, w: torch.Tensor, dy: torch.Tensor | None, recip
                 generator: torch.Generator | None = None) -> dict[str, dict[str, float]]:
     """role -> raw fields of one linear call's GEMMs (and operands) under ``recipe``: x (M, K),
     w (N, K), dy (M, N) or None (no backward), float64 on the CPU (module doc)."""
+    from numcheck.convergence.linear import padded_qdq
+
     out: dict[str, dict[str, float]] = {}
-    qx = _qdq(recipe, "x", x, -1, generator)
-    qw = _qdq(recipe, "w", w, -1, generator)
+    qx = padded_qdq(recipe, "x", x, -1, generator)
+    qw = padded_qdq(recipe, "w", w, -1, generator)
     out["output"] = _shadow(x @ w.T, qx @ qw.T)
     if dy is not None:
-        out["grad_input"] = _shadow(dy @ w, _qdq(recipe, "grad", dy, -1, generator)
-                                    @ _qdq(recipe, "w", w, 0, generator))
-        out["grad_weight"] = _shadow(dy.T @ x, _qdq(recipe, "grad", dy, 0, generator).T
-                                     @ _qdq(recipe, "x", x, 0, generator))
+        out["grad_input"] = _shadow(dy @ w, padded_qdq(recipe, "grad", dy, -1, generator)
+                                    @ padded_qdq(recipe, "w", w, 0, generator))
+        out["grad_weight"] = _shadow(dy.T @ x, padded_qdq(recipe, "grad", dy, 0, generator).T
+                                     @ padded_qdq(recipe, "x", x, 0, generator))
     for role, attr in OPERANDS:
         t = {"input": x, "weight": w, "grad_output": dy}[role]
         quantizer = getattr(recipe, attr, None)

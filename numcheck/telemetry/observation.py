@@ -66,11 +66,17 @@ def plain_of(obs, got: dict) -> list[float] | None:
     return h
 
 
+def is_dtensor(t) -> bool:
+    """t is a torch.distributed DTensor (FSDP2's parameters, tensor-parallel shards), told by
+    its type's name: torch.distributed need not import (a build without it has none)."""
+    return type(t).__name__ == "DTensor"
+
+
 def local(t: torch.Tensor) -> torch.Tensor:
     """A DTensor's local shard (FSDP2's parameters and gradients, tensor-parallel shards):
     what this rank holds and computes with (docs/telemetry.md, "Distributed"); any other
     tensor as it is. Torch ops on the DTensor itself would run collectives per statistic."""
-    return t.to_local() if type(t).__name__ == "DTensor" else t
+    return t.to_local() if is_dtensor(t) else t
 
 
 def read_back(tensors) -> dict:

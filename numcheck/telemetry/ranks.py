@@ -21,6 +21,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from numcheck.telemetry.observation import is_dtensor
+
 
 __all__ = ["Ranks", "is_data_parallel", "replica_columns"]
 
@@ -31,10 +33,6 @@ replica_columns = ["step", "parameter", "ranks", "max_abs_diff"]
 
 def is_data_parallel(model: nn.Module) -> bool:
     return isinstance(model, nn.parallel.DistributedDataParallel)
-
-
-def _is_dtensor(p: torch.Tensor) -> bool:
-    return type(p).__name__ == "DTensor"
 
 
 class Ranks:
@@ -56,7 +54,7 @@ class Ranks:
                      for p in m.parameters(recurse=False)}
             seen = set()
             for full, p in model.named_parameters():
-                if id(p) in seen or _is_dtensor(p):
+                if id(p) in seen or is_dtensor(p):
                     continue
                 seen.add(id(p))
                 leaf = full.rpartition(".")[2]

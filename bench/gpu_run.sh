@@ -40,3 +40,11 @@ step triton_corpus_cuda env NUMCHECK_CORPUS_DEVICE=cuda \
 step bench_cuda "$py" bench/bench_error_stats.py --device cuda
 step bench_cpu env OMP_NUM_THREADS=2 "$py" bench/bench_error_stats.py --device cpu
 step bench_telemetry_cuda "$py" bench/bench_telemetry_overhead.py --device cuda --steps 50
+# numcheck inspect on 2 ranks with NCCL (one GPU per rank; issue 33), where there are 2 GPUs;
+# on one GPU the ranks would share it, which NCCL refuses: the step says so and is skipped.
+if [ "$(nvidia-smi -L | wc -l)" -ge 2 ]; then
+  step inspect_nproc_nccl "$py" -m numcheck inspect --model tiny_lm --nproc 2 --steps 5 \
+    --out "$OUT/inspect_nproc"
+else
+  echo "== inspect_nproc_nccl: skipped (needs 2 GPUs, this machine has $(nvidia-smi -L | wc -l))"
+fi

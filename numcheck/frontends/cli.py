@@ -489,32 +489,31 @@ def _report(args: argparse.Namespace) -> int:
                         "every step (default: %(default)s)"),
               _arg("--merge", nargs="+", default=None, metavar="PARQUET",
                    help="merge per-rank telemetry files instead of running a model"),
+              _arg("--nproc", type=int, default=1, metavar="N", help="train on N ranks "
+                   "(DDP; gloo, NCCL on N GPUs), merged (default: %(default)s)"),
               _arg("--out", default="results/telemetry",
                    help="folder for telemetry.parquet and the heatmap (default: %(default)s)")))
 def _inspect(args: argparse.Namespace) -> int:
     """Train the model for --steps steps (fp32) under numcheck.telemetry.watcher, write the
     records (parquet), a per-layer x step heatmap (png) and the telemetry page (html:
-    heatmaps of every statistic), print the last step's per-layer table and
-    the first non-finite producer. Exit 1 when a NaN/Inf was produced, 0 otherwise."""
-    from pathlib import Path
-
+    heatmaps of every statistic), print the last step's per-layer table and the first
+    non-finite producer (--nproc N: N DDP ranks, their rank*.parquet merged, the producer's
+    rank named). Exit 1 when a NaN/Inf was produced, 0 otherwise."""
     from numcheck.telemetry import inspect as ins
 
-    if (args.model is None) == (args.merge is None):
-        raise UsageError("give --model (run a model) or --merge (join per-rank files)")
+    if (args.model is None) == (args.merge is None) or (args.merge and args.nproc != 1):
+        raise UsageError("give --model (run a model, on --nproc N ranks) or --merge (join "
+                         "per-rank files; without --nproc)")
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    where = None
-    if args.merge:
-        frame = ins.merge_files(args.merge)
-    else:
-        t = ins.run(args.model, recipe=args.recipe, what_if=tuple(args.what_if),
-                    shadow=args.shadow, steps=args.steps, every=args.every,
-                    loss=args.loss)
-        frame, where = t.records(), t.first_nonfinite()
+    frame, where, producer = (ins.merge_files(args.merge), None, None) if args.merge else \
+        ins.run_model(args.model, args.nproc, out, recipe=args.recipe, loss=args.loss,
+                      what_if=tuple(args.what_if), shadow=args.shadow, steps=args.steps,
+                      every=args.every)
+    if frame is None:   # torchrun's ranks but 0 (rank 0 reports; an exit 1 here would make
+        return EXIT_OK  # torchrun stop rank 0 while it writes)
     frame.to_parquet(out / "telemetry.parquet", index=False)
     print(ins.table(frame))
-    producer = None if args.merge else ins.producer_line(where)
     if producer:
         print(producer)
     png = ins.plot(frame, out / "telemetry.png") if not frame.empty else None

@@ -115,3 +115,80 @@ def test_a_watch_leaves_parameter_storage_resizable():
     for name, p in model.named_parameters():
         assert p.untyped_storage().resizable(), name
         assert p.grad.untyped_storage().resizable(), name
+
+
+def test_the_live_merge_is_the_merge_of_the_ranks_files_on_every_rank(clean):
+    ranks, _ = _load(clean, 2)
+    live = [pd.read_parquet(clean / f"merged{r}-of2.parquet") for r in range(2)]
+    pd.testing.assert_frame_equal(live[0], live[1])
+    pd.testing.assert_frame_equal(live[0], telemetry.merge(ranks))
+    # one process: merged() is its own rows, merged
+    (single,), _ = _load(clean, 1)
+    one = pd.read_parquet(clean / "merged0-of1.parquet")
+    pd.testing.assert_frame_equal(one, telemetry.merge([single]))
+    assert len(one) == len(single)
+
+
+def test_merged_without_the_live_merge_is_a_usage_error():
+    from numcheck.convergence.models import build
+    from numcheck.errors import UsageError
+    model, task, _ = build("mlp", 0)
+    with telemetry.watch(model) as t:
+        model.loss(task.batch_at(0, 0)).backward()
+        t.step()
+    with pytest.raises(UsageError, match="live_merge=True"):
+        t.merged()
+
+
+@pytest.fixture(scope="module")
+def tensor_parallel(tmp_path_factory):
+    out = tmp_path_factory.mktemp("tp")
+    D.tp_run(0, 1, 0, str(out))
+    D.spawn(D.tp_run, 2, str(out))
+    single = pd.read_parquet(out / "tp0-of1.parquet")
+    ranks = [pd.read_parquet(out / f"tp{r}-of2.parquet") for r in range(2)]
+    checks = [json.loads((out / f"tp{r}-of2.json").read_text()) for r in range(2)]
+    return single, ranks, checks
+
+
+def test_tensor_parallel_rows_merge_to_the_single_process_rows(tensor_parallel):
+    single, ranks, _ = tensor_parallel
+    mine = ranks[0].set_index(["step", "module", "role"])
+    # fc1 column-parallel, fc2 row-parallel: each rank holds half of their weights
+    assert mine.loc[(0, "fc1", "weight"), "sharding"] == "sharded"
+    assert mine.loc[(0, "fc2", "weight"), "n"] == \
+        single.set_index(["step", "module", "role"]).loc[(0, "fc2", "weight"), "n"] / 2
+    key = ["step", "module", "role", "pass"]
+    both = single.merge(telemetry.merge(ranks), on=key, suffixes=("_1", "_2"))
+    assert len(both) == len(single)
+    # every row is of the whole tensor: a rank's part counted once, and a plain tensor that
+    # every rank holds alike (fc2's all-reduced output, fc3 and its gradients) taken once
+    assert (both["n_1"] == both["n_2"]).all()
+    held = both.set_index(["module", "role"]).loc[[("fc2", "output"), ("fc3", "input"),
+                                                   ("fc3", "grad_weight")], "sharding_2"]
+    assert set(held) == {"replicated"}
+    # what differs: the row-parallel fc2 sums its two ranks' partial outputs in another order
+    # than one process's GEMM (fp32 rounding, then the weights part after the first update);
+    # min_nonzero is left out: the smallest value of a sum is a near-cancellation, which that
+    # rounding moves by percent
+    for f in ("amax", "sum_sq"):
+        np.testing.assert_allclose(both[f"{f}_2"], both[f"{f}_1"], rtol=1e-6, err_msg=f)
+    s0 = both[(both["step"] == 0) & (both["module"] == "fc1") & (both["pass"] == "forward")]
+    np.testing.assert_allclose(s0["sum_sq_2"], s0["sum_sq_1"], rtol=1e-12)
+
+
+def test_a_hadamard_sign_mismatch_across_tensor_parallel_ranks_is_reported(tensor_parallel):
+    _, _, checks = tensor_parallel
+    for c in checks:   # both ranks report the same
+        assert c["seeded"] == []
+        assert len(c["rank_seeded"]) == 1
+        assert "rht signs (h=16)" in c["rank_seeded"][0] and "[0, 1]" in c["rank_seeded"][0]
+
+
+def test_stochastic_rounding_streams_shared_across_data_parallel_ranks_are_reported(
+        tensor_parallel):
+    _, _, checks = tensor_parallel
+    for c in checks:
+        assert c["sr_per_rank"] == []
+        assert c["sr_same"] == ["sr stream: the same stream on ranks [0, 1], which must each "
+                                "draw their own (seed it with the rank in this group)"]

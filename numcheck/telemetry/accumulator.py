@@ -20,7 +20,27 @@ from numcheck.telemetry.observation import (Pending, StepReads, finite, is_dtens
 from numcheck.telemetry.passes import dev_part, dev_quant, digest_field, host_quants, put
 
 ROLES = ("input", "weight", "output", "grad_output", "grad_input", "grad_weight")
-QUANT_ROLE = {"input": "x", "weight": "w", "grad_output": "grad"}  # linear roles a recipe has
+
+
+def _shards(placement) -> bool:
+    """A DTensor placement that shards a dim: Shard, or the _StridedShard FSDP2 lays over a
+    tensor-parallel shard of the same dim (whose is_shard() is False)."""
+    return placement.is_shard() or type(placement).__name__ == "_StridedShard"
+
+
+def shard_extent(t) -> tuple | None:
+    """Where this rank's shard of a sharded DTensor lies in the whole tensor (fields.cut_blocks'
+    ``extent``): per dim, (offset, length, size), from torch's own arithmetic
+    (compute_local_shape_and_global_offset: torch.chunk's, uneven last shards included); offset
+    None along a dim a _StridedShard shards (its indices there are not one range); None for
+    any other tensor."""
+    if not is_dtensor(t) or not any(_shards(p) for p in t.placements):
+        return None
+    from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
+    shape, offset = compute_local_shape_and_global_offset(t.shape, t.device_mesh, t.placements)
+    strided = {p.dim for p in t.placements if type(p).__name__ == "_StridedShard"}
+    return tuple((None if d in strided else o, n, size)
+                 for d, (o, n, size) in enumerate(zip(offset, shape, t.shape, strict=True)))
 
 
 class _Where(NamedTuple):
@@ -117,16 +137,20 @@ class Accumulator:
         fields known as floats (the compiled CPU passes; quantization / shadow fields given
         as floats or CPU tensors); fields on a device wait as device parts (read at
         flush()). ``extra``: more fields for the row (passes.sqnr_pair's: dicts, or device
-        parts)."""
+        parts). A sharded DTensor's rows of a block format count the blocks that its shard's
+        boundaries cut (blk_cut: fields.cut_blocks)."""
         sharding = self._sharding(t, role)
-        t = local(t)
+        whole, t = t, local(t)
         if t.numel() == 0:
             return
         tags = [("", None, False)]
-        if op == "linear" and role in QUANT_ROLE and self.recipes:
-            tags = [(n, getattr(r, QUANT_ROLE[role], None), w) for n, r, w in self.recipes]
+        extent = None
+        if op == "linear" and role in fields.QUANT_ROLE and self.recipes:
+            tags = [(n, getattr(r, fields.QUANT_ROLE[role], None), w)
+                    for n, r, w in self.recipes]
             if self.recipes[0][2]:  # what-ifs only: the observed row as well
                 tags.insert(0, ("", None, False))
+            extent = shard_extent(whole)
         pass_ = "backward" if role.startswith("grad") else "forward"
         p = self.reads.fields_of(t, True)
         host = isinstance(p, list)
@@ -147,6 +171,9 @@ class Accumulator:
                 slot[1].append((fields.PLAIN_INDEX, p))
                 if quantizer is not None:
                     put(slot[1], dev_quant(t, quantizer, h))
+            block = None if extent is None or quantizer is None else quantizer.format.block
+            if block is not None:
+                fields.host_update(h, {"blk_cut": fields.cut_blocks(extent, block)})
             for e in extra:
                 put(slot[1], dev_part(e, h) if isinstance(e, dict) else e)
             if bits is not None:
@@ -158,7 +185,7 @@ class Accumulator:
         (before the all-reduce), anything else this rank's rows of the batch."""
         if is_dtensor(t):
             places = t.placements
-            if any(p.is_shard() for p in places):
+            if any(_shards(p) for p in places):
                 return "sharded"
             return "partial" if any(p.is_partial() for p in places) else "replicated"
         if not self.several:

@@ -20,7 +20,9 @@ input and weight, the dgrad GEMM's for grad_output), zero-padded like
 """
 from __future__ import annotations
 
+import functools
 import math
+import warnings
 
 import numpy as np
 import torch
@@ -28,6 +30,7 @@ import torch
 from numcheck.quant.fp8 import FP8Quantized
 from numcheck.quant.mx import E8M0_EMAX, E8M0_EMIN, MXQuantized
 from numcheck.quant.nvfp4 import NVFP4Quantized
+from numcheck.quant.recipe import RECIPES
 from numcheck import formats
 
 # The compiled passes' bit-level reads of a float tensor (numcheck/telemetry/_fields_numba.py,
@@ -62,6 +65,8 @@ FIELDS: tuple[tuple[str, str], ...] = (
     ("blk_sqnr_min_db", "min"),  # the worst live block's SQNR
     ("blk_nan", "sum"),         # blocks holding a NaN or Inf: no scale to speak of, so not
                                 # live and in no other block statistic; counted here
+    ("blk_cut", "sum"),         # blocks of this rank's shard that are not blocks of the whole
+                                # tensor: a shard boundary cut them (cut_blocks); NaN: unknown
     ("sh_n", "sum"), ("sh_sig_sq", "sum"), ("sh_err_sq", "sum"),     # layer's own (shadow)
     ("e2e_n", "sum"), ("e2e_sig_sq", "sum"), ("e2e_err_sq", "sum"),  # vs an fp64 model copy
     # 48 bits of the tensors' bit patterns (numcheck/telemetry/digest.py), summed over the
@@ -74,7 +79,10 @@ _IDENTITY = {"sum": 0.0, "max": -math.inf, "min": math.inf}
 IDENTITY = tuple(_IDENTITY[how] for _, how in FIELDS)
 DERIVED = ("nonfinite", "dynamic_range_binades", "underflow_pct", "saturation_pct", "sqnr_db",
            "scale_min_binades", "scale_max_binades", "scale_std_binades", "block_clip_pct",
-           "scale_sat_pct", "worst_block_sqnr_db", "shadow_sqnr_db", "e2e_sqnr_db")
+           "scale_sat_pct", "worst_block_sqnr_db", "blocks_cut", "shadow_sqnr_db",
+           "e2e_sqnr_db")
+# A linear layer's roles a recipe quantizes, and the recipe's quantizer of each
+QUANT_ROLE = {"input": "x", "weight": "w", "grad_output": "grad"}
 # How a row's tensor lies across the ranks of a process group (docs/telemetry.md,
 # "Distributed"): "" one process; "replicated" the same tensor on every rank (DDP's weights; a
 # Replicate DTensor), merged by taking one rank's row; "sharded" this rank's shard of a DTensor
@@ -257,6 +265,57 @@ def quant_stats(t: torch.Tensor, quantizer) -> dict[str, torch.Tensor]:
     return out
 
 
+@functools.lru_cache(maxsize=256)   # asked at every call of a row; one answer per shard
+def cut_blocks(extent: tuple, block) -> float:
+    """blk_cut of a shard: of the blocks ``quant_stats`` lays over this rank's shard (``block``:
+    k along the last dim, or (r, c) tiles of the (rows, cols) view), how many are not blocks of
+    the whole tensor, whose quantizer would lay its blocks over the whole tensor's view: a shard
+    boundary cut them (or, past a cut, the shard's blocks straddle the whole tensor's).
+    ``extent``: per dim of the whole tensor, (offset, length, size) of the shard's range of it;
+    offset None where the shard's indices along that dim are not one range (NaN then, if that
+    dim lies on an axis with blocks of more than one element)."""
+    r, c = block if isinstance(block, tuple) else (1, block)
+    rows, cols = _axis_blocks(extent[:-1], r), _axis_blocks(extent[-1:], c)
+    if rows is None or cols is None:
+        return math.nan
+    # a tile is whole where its row block and its column block both are
+    return float(rows[0] * cols[0] - rows[1] * cols[1])
+
+
+def _axis_blocks(dims: tuple, block: int) -> tuple[int, int] | None:
+    """(blocks, whole blocks) of a shard along one axis of quant_stats' (rows, cols) view: the
+    tensor dims ``dims`` ((offset, length, size) each) flattened row-major, as ``as_2d`` does;
+    None where an offset is unknown."""
+    if block == 1:   # blocks of one element: none is cut
+        n = math.prod(length for _, length, _ in dims)
+        return n, n
+    if any(offset is None for offset, _, _ in dims):
+        return None
+    index = np.zeros(1, dtype=np.int64)   # the shard's positions along the whole axis
+    for offset, length, size in dims:
+        index = (index[:, None] * size + np.arange(offset, offset + length)).reshape(-1)
+    return _whole_blocks(index, math.prod(size for _, _, size in dims), block)
+
+
+def _whole_blocks(index: np.ndarray, size: int, block: int) -> tuple[int, int]:
+    """(blocks, whole blocks) along one axis: the shard's blocks are runs of ``block``
+    consecutive local elements (the last one short: pad_to_blocks pads it); ``index``: each
+    local element's position along the whole axis (increasing), ``size`` the axis' length. A
+    block is one of the whole axis' where its positions are consecutive from a multiple of
+    ``block``, and it is full or ends where the axis ends (the whole tensor's last block is
+    padded alike)."""
+    n = len(index)
+    count = np.minimum(block, n - np.arange(0, n, block))   # elements in each block
+    first = index[::block]
+    pos = np.full(len(first) * block, -1, dtype=np.int64)
+    pos[:n] = index
+    inside = np.arange(block) < count[:, None]
+    steps = pos.reshape(-1, block) == first[:, None] + np.arange(block)
+    whole = (steps | ~inside).all(1) & (first % block == 0) & \
+        ((count == block) | (first + count == size))
+    return len(first), int(whole.sum())
+
+
 def sqnr_pair(out: torch.Tensor, ref64: torch.Tensor, prefix: str) -> dict[str, torch.Tensor]:
     """{prefix_n, prefix_sig_sq, prefix_err_sq}: out against a float64 reference (finite
     reference elements; a non-finite ``out`` there makes the error infinite, as it should)."""
@@ -301,6 +360,8 @@ def derive(df):
         df["block_clip_pct"] = np.where(b, 100.0 * df["blk_clip"] / df["blk_n"], np.nan)
         df["scale_sat_pct"] = np.where(b, 100.0 * df["blk_scale_sat"] / df["blk_n"], np.nan)
         df["worst_block_sqnr_db"] = np.where(b, df["blk_sqnr_min_db"], np.nan)
+        # of a quantized row: 0 where every block lies inside a shard (and in one process)
+        df["blocks_cut"] = np.where(q, df["blk_cut"], np.nan)
         df["shadow_sqnr_db"] = np.where(df["sh_n"] > 0, _db(df["sh_sig_sq"], df["sh_err_sq"]),
                                         np.nan)
         df["e2e_sqnr_db"] = np.where(df["e2e_n"] > 0, _db(df["e2e_sig_sq"], df["e2e_err_sq"]),
@@ -325,7 +386,11 @@ def merge(frames):
     "replicated" (the same tensor on every rank) are taken from one rank (the lowest); rows
     without a sharding (files from one process, or older files) are merged by the rules, so
     a replicated tensor there counts once per rank: its sums grow, its percentages and SQNRs
-    do not change."""
+    do not change. "split" and "partial" rows (plain tensors: a rank cannot tell a batch
+    split from a tensor-parallel replica) whose fields are bitwise the same on every rank are
+    taken as one tensor every rank holds (``_held_alike``). Files written before blk_cut
+    existed count no cut blocks. Warns where a shard boundary cut quantization blocks
+    (``blocks_cut``)."""
     import pandas as pd
     frames = [pd.read_parquet(f) if not isinstance(f, pd.DataFrame) else f for f in frames]
     if not frames:
@@ -333,13 +398,69 @@ def merge(frames):
     df = pd.concat(frames, ignore_index=True)
     if "sharding" not in df.columns:
         df["sharding"] = ""
+    if "blk_cut" not in df.columns:
+        df["blk_cut"] = 0.0
     df["sharding"] = df["sharding"].fillna("").astype(str)
     keys = [k for k in KEY if k != "rank"]
+    df.loc[_held_alike(df, keys), "sharding"] = "replicated"
     rep = df["sharding"] == "replicated"
     if rep.any():   # one rank's copy: the lowest rank's
         low = df[rep].groupby(keys, dropna=False)["rank"].transform("min")
         df = df[~rep | (df["rank"] == low.reindex(df.index))]
     how = {**dict(FIELDS), "sharding": "first"}
-    out = df.groupby(keys, sort=True, dropna=False).agg(how).reset_index()
+    groups = df.groupby(keys, sort=True, dropna=False)
+    out = groups.agg(how).reset_index()
+    # an unknown count (NaN: cut_blocks) stays unknown; pandas' sum would make it 0
+    out["blk_cut"] = groups["blk_cut"].sum(min_count=1).to_numpy()
     out["rank"] = -1
-    return derive(out)[list(COLUMNS)]
+    out = derive(out)[list(COLUMNS)]
+    _warn_cut(out)
+    return out
+
+
+def _held_alike(df, keys):
+    """The "split" and "partial" rows of a match that has a row from every rank of the files
+    and the same bits in every field on each. Under tensor parallelism a plain tensor outside
+    the parallel regions (the input of a column-parallel linear, a row-parallel linear's
+    all-reduced output, the gradients of a layer every rank computes alike) is one tensor
+    that every rank holds: summing its ranks' rows would count it once per rank. Ranks that
+    hold different rows of a batch never give the same sums of squares and digests; a
+    data-parallel run that feeds every rank the same rows does, and counts them once too."""
+    import pandas as pd
+    loose = df["sharding"].isin(("split", "partial"))
+    if not loose.any() or df["rank"].nunique() < 2:
+        return loose & False
+    sub = df[loose]
+    bits = sub[list(NAMES)].to_numpy(np.float64).copy()
+    bits[np.isnan(bits)] = np.nan   # one NaN bit pattern
+    sig = pd.Series([r.tobytes() for r in bits], index=sub.index)
+    g = sig.groupby([sub[k] for k in keys], dropna=False)
+    alike = (g.transform("nunique") == 1) & (g.transform("size") == df["rank"].nunique())
+    return loose & alike.reindex(df.index, fill_value=False)
+
+
+def _warn_cut(df) -> None:
+    """merge's one warning naming the rows whose shards cut quantization blocks."""
+    cut = df[df["blk_cut"] > 0]
+    if cut.empty:
+        return
+    where = sorted({f"{m} {role} ({recipe}: {_block_of(recipe, role)})"
+                    for m, role, recipe in zip(cut["module"], cut["role"], cut["recipe"])})
+    warnings.warn(
+        f"numcheck.telemetry.merge: a shard boundary cuts quantization blocks of "
+        f"{', '.join(where)}: their per-block statistics (scale_*_binades, block_clip_pct, "
+        "scale_sat_pct, worst_block_sqnr_db) and quantization statistics (sqnr_db, "
+        "saturation_pct, underflow_pct) are of each shard's own blocks, not of the whole "
+        "tensor's quantization blocks; blocks_cut counts them (docs/telemetry.md, "
+        "\"Distributed\")", UserWarning, stacklevel=3)
+
+
+def _block_of(recipe: str, role: str) -> str:
+    """The blocks a RECIPES recipe quantizes a role in ("blocks of 32", "128x128 tiles");
+    "its blocks" for another recipe (a file does not hold its quantizers)."""
+    r = RECIPES.get(recipe)
+    q = getattr(r, QUANT_ROLE[role]) if r is not None and role in QUANT_ROLE else None
+    block = None if q is None else q.format.block
+    if block is None:
+        return "its blocks"
+    return f"{block[0]}x{block[1]} tiles" if isinstance(block, tuple) else f"blocks of {block}"

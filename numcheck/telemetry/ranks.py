@@ -46,6 +46,7 @@ class Ranks:
         self.on = dist.is_available() and dist.is_initialized() and \
             dist.get_world_size(group) > 1
         self.group, self.rows, self.first = group, [], None
+        self.gathered: list[dict] = []   # every rank's rows, with the live merge
         if replicas is None:
             replicas = is_data_parallel(model)
         self.params: list[tuple[str, torch.Tensor]] = []
@@ -62,11 +63,13 @@ class Ranks:
                 self.params.append((f"{base}.{leaf}" if base and base != "<model>" else leaf,
                                     p))
 
-    def after_step(self, step: int, first, nonfinite_rows: int) -> None:
+    def after_step(self, step: int, first, nonfinite_rows: int, rows=None) -> None:
         """The step's collective: gather, agree on the first producer, compare the replicas.
         One ``all_gather`` of a float64 vector per rank: (named a producer, its step, rows
         hold NaN/Inf, one digest per replicated parameter: < 2^48, exact in float64); the
-        producers themselves (strings) only when a rank named one earlier than the agreed."""
+        producers themselves (strings) only when a rank named one earlier than the agreed.
+        ``rows`` (the live merge): this rank's rows of the step, gathered with the vector in
+        one ``all_gather_object`` instead; every rank's are kept in ``gathered``."""
         from numcheck.telemetry.passes import digest_field
 
         dist = torch.distributed
@@ -74,12 +77,18 @@ class Ranks:
         head = [float(first is not None), float(first.step if first is not None else -1),
                 float(nonfinite_rows > 0)]
         digests = [float(digest_field(p.detach())["digest"]) for _, p in self.params]
-        mine = torch.tensor(head + digests, dtype=torch.float64)
-        if dist.get_backend(self.group) == "nccl":
-            mine = mine.cuda()
-        got = [torch.empty_like(mine) for _ in range(world)]
-        dist.all_gather(got, mine, group=self.group)
-        table = [g.cpu().tolist() for g in got]
+        if rows is not None:
+            both: list = [None] * world
+            dist.all_gather_object(both, (head + digests, rows), group=self.group)
+            table = [b[0] for b in both]
+            self.gathered += [r for b in both for r in b[1]]
+        else:
+            mine = torch.tensor(head + digests, dtype=torch.float64)
+            if dist.get_backend(self.group) == "nccl":
+                mine = mine.cuda()
+            got = [torch.empty_like(mine) for _ in range(world)]
+            dist.all_gather(got, mine, group=self.group)
+            table = [g.cpu().tolist() for g in got]
         named = [(int(t[1]), r) for r, t in enumerate(table) if t[0]]
         earlier = bool(named) and (self.first is None
                                    or min(named) < (self.first.step, self.first.rank))

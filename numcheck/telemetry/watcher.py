@@ -131,7 +131,7 @@ class Telemetry:
     def __init__(self, model: nn.Module, recipe=None, shadow: bool = False, what_if=(),
                  every: int = 1, enabled: bool = True, rank: int | None = None,
                  inside_compiled: bool = False, digests: bool = False,
-                 replicas: bool | None = None) -> None:
+                 replicas: bool | None = None, live_merge: bool = False) -> None:
         if not isinstance(model, nn.Module):
             raise UsageError(f"watch: model must be an nn.Module, got {type(model).__name__}")
         every = _steps(every)
@@ -145,6 +145,8 @@ class Telemetry:
                              "materialized (to_empty() and its initialization, or a first "
                              "forward of its lazy modules)")
         self.model, self.every, self.enabled, self.shadow = model, every, False, shadow
+        self.live_merge = bool(live_merge)
+        self._sent = 0   # the live merge: rows gathered so far
         self._closed = False
         self._checked = 0   # steps that ran a forward under the check
         self._told_rows = False   # the warning that rows hold NaN/Inf with no producer named
@@ -264,7 +266,10 @@ class Telemetry:
         if self.acc.pending():
             self.acc.flush(self.step_index)
         if self.ranks.on and self.enabled and self.step_index % self.every == 0:
-            self.ranks.after_step(self.step_index, self.acc.first, self.acc.nonfinite_rows)
+            rows = self.acc.rows[self._sent:] if self.live_merge else None
+            self._sent = len(self.acc.rows)
+            self.ranks.after_step(self.step_index, self.acc.first, self.acc.nonfinite_rows,
+                                  rows)
         why = self.first_nonfinite() if self.acc.first is None and self.acc.nonfinite_rows \
             and not self._told_rows else None
         if isinstance(why, NoProducer):   # (another rank's producer names it: no warning)
@@ -286,6 +291,16 @@ class Telemetry:
 
     def to_parquet(self, path) -> None:
         self.records().to_parquet(path, index=False)
+
+    def merged(self):
+        """The records of every rank merged (``numcheck.telemetry.merge``: statistics of the
+        whole tensors, rank -1), gathered at each recorded step: ``watch(...,
+        live_merge=True)`` under a process group; the same on every rank."""
+        if not self.live_merge:
+            raise UsageError("telemetry: merged() needs watch(..., live_merge=True) (or merge "
+                             "the ranks' files afterwards: numcheck.telemetry.merge)")
+        from numcheck.telemetry.fields import frame, merge
+        return merge([frame(self.ranks.gathered if self.ranks.on else self.acc.rows)])
 
     def replicas(self):
         """DataFrame (step, parameter, ranks, max_abs_diff) of the data-parallel replicas that
@@ -422,7 +437,7 @@ class Telemetry:
 def watch(model: nn.Module, recipe=None, shadow: bool = False, what_if=(), every: int = 1, *,
           enabled: bool = True, rank: int | None = None,
           inside_compiled: bool = False, digests: bool = False,
-          replicas: bool | None = None) -> Telemetry:
+          replicas: bool | None = None, live_merge: bool = False) -> Telemetry:
     """Attach telemetry to ``model`` (docs/telemetry.md); use as a context manager, or call
     ``close()``. ``recipe``/``what_if``: QuantRecipe names (numcheck.quant.recipe.RECIPES) or
     objects; ``every``: record statistics on every n-th step (the producer check covers every
@@ -433,6 +448,8 @@ def watch(model: nn.Module, recipe=None, shadow: bool = False, what_if=(), every
     holds a 48-bit digest of its tensors' bits (numcheck/telemetry/digest.py), for ``diff``.
     ``replicas``: check after each recorded step that the data-parallel replicas of every
     parameter agree across ranks (``Telemetry.replicas()``); default: for a
-    DistributedDataParallel model under a process group of several ranks."""
+    DistributedDataParallel model under a process group of several ranks. ``live_merge``:
+    gather every rank's rows at each recorded step (in the step's one collective), merged
+    by ``Telemetry.merged()`` on every rank."""
     return Telemetry(model, recipe, shadow, what_if, every, enabled, rank, inside_compiled,
-                     digests, replicas)
+                     digests, replicas, live_merge)

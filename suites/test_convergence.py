@@ -38,6 +38,16 @@ QUICK = {
 QUICK_STEPS = {"mlp": 100, "tiny_lm": 60, "tiny_dit": 60}
 
 
+# Layout equivalence (numcheck.convergence.layouts; docs/convergence.md, "Layouts"): each recipe
+# on one process against 2 gloo ranks under DDP and FSDP2, 3 seeds x 100 steps. quick: mlp,
+# fp32 and one recipe of each tolerance family (~60 s on 2 cores); full: every model, every
+# quantized recipe numcheck implements.
+LAYOUT_MODELS = ("mlp", "tiny_lm", "tiny_dit")
+LAYOUT_QUICK = ("fp32", "fp8_tensor", "nvfp4_rht_sr")
+LAYOUT_FULL = ("fp32", "bf16", "fp8_tensor", "fp8_row", "fp8_block", "mxfp8", "mxfp4", "nvfp4",
+               "nvfp4_rht_sr")
+
+
 def _items(cases: str):
     for model, recipes in QUICK.items():
         for recipe in (DEFAULT_RECIPES if cases == "full" else recipes):
@@ -47,6 +57,9 @@ def _items(cases: str):
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
     if "conv_case" in metafunc.fixturenames:
         metafunc.parametrize("conv_case", list(_items(case_set(metafunc.config))))
+    if "layout_model" in metafunc.fixturenames:
+        models = LAYOUT_MODELS if case_set(metafunc.config) == "full" else ("mlp",)
+        metafunc.parametrize("layout_model", models)
 
 
 @pytest.fixture(scope="session")
@@ -68,3 +81,16 @@ def test_convergence(conv_case, request, numcheck, shared_references):
     # The gate's verdict (numcheck.verdicts.judge) and the golden band are judged by check_records,
     # which also skips a recipe that cannot run here, with its reason.
     numcheck.check_records([r for r in run.records() if r.kernel == recipe])
+
+
+def test_layout_equivalence(layout_model, request):
+    import torch
+    if not torch.distributed.is_available():
+        pytest.skip("torch.distributed is not available in this torch build")
+    from numcheck.convergence.layouts import layout_equivalence
+    full = case_set(request.config) == "full"
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        run = layout_equivalence(layout_model, LAYOUT_FULL if full else LAYOUT_QUICK)
+    print(run.table())
+    assert run.passed, run.table()

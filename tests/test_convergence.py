@@ -117,12 +117,13 @@ def test_quant_linear_axes_and_gradients():
                          ("grad", (64, 96), 0), ("x", (64, 64), 0)]
 
 
-def test_rht_wgrad_is_exact_without_quantization():
+@pytest.mark.parametrize("rows", [64, 8, 40])   # 8, 40: zero-padded to whole Hadamard blocks
+def test_rht_wgrad_is_exact_without_quantization(rows):
     class _IdRHT(_Spy):
         hadamard = 16
     lin = torch.nn.Linear(32, 32)
     q = QuantLinear(lin, _IdRHT(), QuantState(0, "cpu"))
-    x = torch.randn(64, 32, dtype=torch.float32)
+    x = torch.randn(rows, 32, dtype=torch.float32)
     q(x).sum().backward()
     g = lin.weight.grad.clone()
     lin.weight.grad = None

@@ -52,12 +52,16 @@ def is_quant_recipe(obj) -> bool:
 
 
 class QuantState:
-    """Per-run state shared by every QuantLinear of a model: SR generator, RHT signs, counters."""
+    """Per-run state shared by every QuantLinear of a model: SR generator, RHT signs, counters.
 
-    def __init__(self, seed: int, device) -> None:
+    ``dp_rank``: the data-parallel rank (numcheck.convergence.layouts): each draws its own SR
+    stream (rank 0's is the one-process stream), while the RHT signs depend on the seed alone,
+    the same on every rank (numcheck.telemetry.random_state: the invariants, checked)."""
+
+    def __init__(self, seed: int, device, dp_rank: int = 0) -> None:
         from numcheck.cases.inputs import seed_for
-        self.generator = torch.Generator(device=device).manual_seed(seed_for("convergence-sr",
-                                                                             seed))
+        sr = ("convergence-sr", seed) + ((dp_rank,) if dp_rank else ())
+        self.generator = torch.Generator(device=device).manual_seed(seed_for(*sr))
         self._sign_seed = seed_for("convergence-rht", seed)
         self._signs: dict[int, torch.Tensor] = {}
         self.saturated: dict[str, int] = defaultdict(int)
@@ -83,6 +87,21 @@ class QuantState:
                 self.grad_bias_num += float(((q64 - t64) * t64.sign()).sum())
                 self.grad_bias_den += float(t64.abs().sum())
 
+    def random_state(self, recipe) -> tuple[dict, dict]:
+        """(shared, distinct) items of numcheck.telemetry.random_state.check: the RHT signs a
+        recipe with ``hadamard`` uses, the SR stream, and what a recipe that holds random
+        state of its own declares by a ``random_state()`` method returning (shared,
+        distinct)."""
+        h = getattr(recipe, "hadamard", None)
+        shared = {f"rht signs (h={h})": self.signs(h, None)} if h and not getattr(
+            recipe, "applies_hadamard", False) else {}
+        distinct = {"sr stream": self.generator}
+        own = getattr(recipe, "random_state", None)
+        if callable(own):
+            more_shared, more_distinct = own()
+            shared, distinct = {**shared, **more_shared}, {**distinct, **more_distinct}
+        return shared, distinct
+
     def signs(self, h: int, device) -> torch.Tensor:
         if h not in self._signs:
             from numcheck.quant.transforms import rht_signs
@@ -91,9 +110,15 @@ class QuantState:
 
 
 def _rht_rows(t: torch.Tensor, h: int, signs: torch.Tensor) -> torch.Tensor:
-    """Q^T t along dim 0 (M) in blocks of h rows (numcheck.quant.transforms.hadamard); M must be
-    a multiple of h. Both wgrad operands get the same signs, so the product is unchanged."""
+    """Q^T t along dim 0 (M) in blocks of h rows (numcheck.quant.transforms.hadamard). Both
+    wgrad operands get the same signs, so the product is unchanged. An M that is not a multiple
+    of h is zero-padded to one: zero rows add nothing to the product, transformed or not (a
+    data-parallel rank's share of the rows can fall below h: tiny_dit's conditioning path
+    has 16 rows in one process, 8 on each of 2 ranks)."""
     from numcheck.quant.transforms import hadamard
+    pad = -t.shape[0] % h
+    if pad:
+        t = torch.cat([t, t.new_zeros(pad, *t.shape[1:])])
     return hadamard(t, h, dim=0, signs=signs).to(t.dtype)
 
 

@@ -375,7 +375,10 @@ def frame(rows: list[dict]):
     df = pd.DataFrame(rows, columns=list(KEY + ("sharding",) + NAMES))
     df[list(NAMES)] = df[list(NAMES)].astype("float64")
     df["what_if"] = df["what_if"].astype(bool)
-    df["sharding"] = df["sharding"].fillna("").astype(str)
+    # rows without a sharding (one process; layer_sensitivity's) leave the column float NaN:
+    # pandas 3 warns on a str fill of a float column, and pandas 4 will refuse it
+    shard = df["sharding"]
+    df["sharding"] = shard.astype(object).where(shard.notna(), "").astype(str)
     return derive(df)[list(COLUMNS)]
 
 

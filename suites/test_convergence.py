@@ -8,10 +8,11 @@ every recipe of a transformer left the other idle (measured: 5.0 min wall groupe
 
 quick: 3 seeds x 100 steps on mlp (every recipe, torchao's among them), 3 x 60 on tiny_lm and
 tiny_dit (a subset: FP8 tensor-wise, NVFP4 with RHT+SR; torchao's FP8 in the full set only, see
-QUICK). full: every recipe on every model, 5 seeds x
-200 steps. The quick set gives the full set's verdicts and, up to ties within the seed bands,
-its ranking by loss gap, planted faults included (bench/bench_convergence_quick_vs_full.py;
-bench/results/2026-12-02-convergence-quick-vs-full.md).
+QUICK). full: every recipe on every model, 5 seeds x 200 steps. The quick set gives the full
+set's verdicts and, up to ties within the seed bands, its ranking by loss gap, planted faults
+included (bench/bench_convergence_quick_vs_full.py;
+bench/results/2026-12-02-convergence-quick-vs-full.md: measured when the transformers' quick
+set still had torchao's tensor-wise recipe; it passed there as in the full set).
 """
 from __future__ import annotations
 

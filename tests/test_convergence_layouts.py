@@ -24,8 +24,9 @@ def mlp_run():
 
 @functools.cache
 def _mlp_run():
-    # cached in the module, not by a module-scoped fixture: an xdist worker that runs out of
-    # queued tests tears its fixtures down, and this one (~85 s) was computed twice in CI.
+    # cached in the module, not by a module-scoped fixture, which a worker tears down and sets
+    # up again when another module's test comes between (its group mixes modules) or when
+    # its queue runs dry: this run (~60-85 s) was once computed twice in one CI run.
     # One seed: the planted faults' gaps are largest on seed 0 of the calibration
     # (docs/convergence.md, "Layouts"); 3 seeds x 100 steps is the suite's
     return layouts.layout_equivalence(

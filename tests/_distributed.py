@@ -44,7 +44,9 @@ def mlp_run(rank: int, world: int, port: int, out: str, plant: str | None = None
     "fsdp2": fully_shard on each linear and the root, gloo on the CPU), watched; write the
     records, the replica table and the first non-finite producer under ``out``.
     ``plant``: "drift" (rank 1 nudges fc2.weight[0, 0] by one ulp after step 1's update),
-    "overflow" (rank 1's fc2 weights become 3e38 before step 2: its output overflows)."""
+    "overflow" (rank 1's fc2 weights become 3e38 before step 2: its output overflows),
+    "state" (SGD with momentum; rank 1 nudges fc2.weight's momentum buffer [0, 0] by one ulp
+    after step 1's update: its weights part only at step 2). The optimizer is watched."""
     from torch.nn.parallel import DistributedDataParallel as DDP
 
     from numcheck import telemetry
@@ -63,9 +65,9 @@ def mlp_run(rank: int, world: int, port: int, out: str, plant: str | None = None
             for layer in (model.fc1, model.fc2, model.fc3):
                 fully_shard(layer, mesh=mesh)
             m = fully_shard(model, mesh=mesh)
-        opt = torch.optim.SGD(m.parameters(), lr=1e-2)
+        opt = torch.optim.SGD(m.parameters(), lr=1e-2, momentum=0.9 if plant == "state" else 0)
         rows = GLOBAL_BATCH // world
-        with telemetry.watch(m, digests=True, live_merge=True) as t:
+        with telemetry.watch(m, digests=True, live_merge=True, optimizer=opt) as t:
             for step in range(steps):
                 if plant == "overflow" and rank == 1 and step == 2:
                     with torch.no_grad():
@@ -76,9 +78,11 @@ def mlp_run(rank: int, world: int, port: int, out: str, plant: str | None = None
                 opt.zero_grad()
                 loss.backward()
                 opt.step()
-                if plant == "drift" and rank == 1 and step == 1:
+                if plant in ("drift", "state") and rank == 1 and step == 1:
                     with torch.no_grad():
                         w = model.fc2.weight
+                        if plant == "state":
+                            w = opt.state[w]["momentum_buffer"]
                         w[0, 0] = torch.nextafter(w[0, 0], torch.tensor(float("inf")))
                 t.step()
         t.records().to_parquet(f"{out}/rank{rank}-of{world}.parquet", index=False)

@@ -94,6 +94,28 @@ def test_a_one_ulp_replica_drift_is_named_with_its_parameter_step_and_ranks(tmp_
     assert {r["parameter"] for r in info[0]["replicas"]} == {"fc2.weight"}
 
 
+def test_an_optimizer_state_drift_is_named_where_the_weights_do_not_show_it(tmp_path):
+    D.spawn(D.mlp_run, 2, str(tmp_path), "state")
+    _, info = _load(tmp_path, 2)
+    rows = info[0]["replicas"]
+    assert rows == info[1]["replicas"]
+    # the nudged buffer from step 1 (until 0.9 x buffer rounds the ulp away: step 3 here);
+    # the weights agree throughout: one ulp of the buffer times lr 1e-2 is far below a
+    # weight's ulp, so every update rounds alike on both ranks
+    assert (rows[0]["step"], rows[0]["parameter"], rows[0]["ranks"]) == \
+        (1, "fc2.weight:momentum_buffer", [0, 1])
+    assert {r["parameter"] for r in rows} == {"fc2.weight:momentum_buffer"}
+    assert 0 < rows[0]["max_abs_diff"] < 1e-7
+
+
+def test_a_watch_refuses_an_optimizer_without_state():
+    from numcheck.convergence.models import build
+    from numcheck.errors import UsageError
+    model, _, _ = build("mlp", 0)
+    with pytest.raises(UsageError, match="optimizer=list"):
+        telemetry.watch(model, optimizer=[])
+
+
 def test_a_nan_made_on_rank_1_is_named_with_its_rank_on_every_rank(tmp_path):
     D.spawn(D.mlp_run, 2, str(tmp_path), "overflow")
     _, info = _load(tmp_path, 2)

@@ -336,7 +336,8 @@ def train_rank(ref: str, out, *, device=None, recipe=None, what_if=(), shadow: b
                                   device_ids=[device] if device.type == "cuda" else None)
     opt = torch.optim.AdamW(ddp.parameters(), lr=lr)
     stop = False
-    with watch(ddp, recipe=recipe, shadow=shadow, what_if=what_if, every=every) as t:
+    with watch(ddp, recipe=recipe, shadow=shadow, what_if=what_if, every=every,
+               optimizer=opt) as t:
         for step in range(steps):
             share = share_batch(task.batch_at(seed, step), rank, world, f"--nproc {world}",
                                 device)

@@ -14,9 +14,15 @@ a collective's other calls.
 Replicated parameters: those of a ``DistributedDataParallel`` root (every parameter is a
 replica), or every parameter of a model watched with ``replicas=True`` (a data-parallel loop
 of one's own); parameters that are DTensors (FSDP2 shards, tensor-parallel shards) are not
-replicas and are left out.
+replicas and are left out. With ``watch(..., optimizer=opt)`` each replicated parameter's
+optimizer state (``opt.state[p]``: Adam's moments and step, SGD's momentum, ...) is a replica
+too: one more digest per parameter in the same vector (its state entries' digests combined),
+and a mismatch names the entry, ``"fc2.weight:exp_avg_sq"`` (a rank that skipped an update, or
+whose state was restored from another checkpoint, shows here before its weights part).
 """
 from __future__ import annotations
+
+import zlib
 
 import torch
 from torch import nn
@@ -41,11 +47,13 @@ class Ranks:
     earliest producer, with ``.rank`` and ``.received`` (the other ranks whose rows hold
     NaN/Inf: they received it, through a collective or an optimizer step)."""
 
-    def __init__(self, model: nn.Module, names: dict, replicas: bool | None, group=None) -> None:
+    def __init__(self, model: nn.Module, names: dict, replicas: bool | None, group=None,
+                 optimizer=None) -> None:
         dist = torch.distributed
         self.on = dist.is_available() and dist.is_initialized() and \
             dist.get_world_size(group) > 1
         self.group, self.rows, self.first = group, [], None
+        self.optimizer = optimizer
         self.gathered: list[dict] = []   # every rank's rows, with the live merge
         if replicas is None:
             replicas = is_data_parallel(model)
@@ -77,6 +85,8 @@ class Ranks:
         head = [float(first is not None), float(first.step if first is not None else -1),
                 float(nonfinite_rows > 0)]
         digests = [float(digest_field(p.detach())["digest"]) for _, p in self.params]
+        if self.optimizer is not None:
+            digests += [_state_digest(self._state(p), digest_field) for _, p in self.params]
         if rows is not None:
             both: list = [None] * world
             dist.all_gather_object(both, (head + digests, rows), group=self.group)
@@ -114,21 +124,72 @@ class Ranks:
             self.first.received = tuple(sorted(set(self.first.received) | {
                 r for r, (_, bad) in enumerate(got) if r != self.first.rank and bad}))
 
+    def _state(self, p: torch.Tensor) -> dict:
+        """p's optimizer state as {entry: float64 CPU tensor} (numbers as 0-d tensors)."""
+        got = self.optimizer.state.get(p, {})
+        return {str(k): torch.as_tensor(v.detach() if isinstance(v, torch.Tensor) else v
+                                   ).to("cpu", torch.float64)
+                for k, v in sorted(got.items(), key=lambda kv: str(kv[0]))
+                if isinstance(v, (torch.Tensor, int, float))}
+
     def _compare(self, step: int, table: list) -> None:
         if not self.params or all(t == table[0] for t in table):
             return
         dist = torch.distributed
-        differ = [i for i in range(len(self.params)) if len({t[i] for t in table}) > 1]
-        mine = [self.params[i][1].detach().to("cpu", torch.float64) for i in differ]
+        n = len(self.params)
+        differ = [i for i in range(len(table[0])) if len({t[i] for t in table}) > 1]
+        # a parameter: its values; an optimizer state (i >= n): its entries
+        mine = [self.params[i][1].detach().to("cpu", torch.float64) if i < n
+                else self._state(self.params[i - n][1]) for i in differ]
         values: list = [None] * len(table)
         dist.all_gather_object(values, mine, group=self.group)
         for k, i in enumerate(differ):
             ref = table[0][i]
             ranks = tuple(r for r, t in enumerate(table) if t[i] != ref)
-            diff = max(float((values[r][k] - values[0][k]).abs().max()) for r in ranks)
-            self.rows.append({"step": step, "parameter": self.params[i][0],
-                              "ranks": (0, *ranks), "max_abs_diff": diff})
+            if i < n:
+                diff = max(float((values[r][k] - values[0][k]).abs().max()) for r in ranks)
+                self.rows.append({"step": step, "parameter": self.params[i][0],
+                                  "ranks": (0, *ranks), "max_abs_diff": diff})
+                continue
+            for key in sorted({e for v in values for e in v[k]}):
+                odd = tuple(r for r in ranks if not _same(values[r][k].get(key),
+                                                          values[0][k].get(key)))
+                if odd:
+                    self.rows.append({"step": step,
+                                      "parameter": f"{self.params[i - n][0]}:{key}",
+                                      "ranks": (0, *odd), "max_abs_diff": max(
+                                          _diff(values[r][k].get(key), values[0][k].get(key))
+                                          for r in odd)})
 
     def frame(self):
         import pandas as pd
         return pd.DataFrame(self.rows, columns=replica_columns)
+
+
+def _state_digest(state: dict, digest_field) -> float:
+    """One float64 for a parameter's optimizer state (Ranks._state): its entries' digests
+    (numcheck/telemetry/digest.py, < 2^48) combined in key order, modulo 2^48 (exact in
+    float64); -1 for no state (before the first update)."""
+    if not state:
+        return -1.0
+    total = 0
+    for key, v in state.items():
+        d = int(digest_field(v.reshape(-1) if v.dim() == 0 else v)["digest"]) if v.numel() else 0
+        # the key's CRC, not hash(): str hashes differ between processes
+        total = (total * 1000003 + zlib.crc32(key.encode()) + d) % 2**48
+    return float(total)
+
+
+def _same(a, b) -> bool:
+    """Two state entries (float64 tensors, or None where a rank has none) bitwise equal."""
+    if a is None or b is None:
+        return a is None and b is None
+    return a.shape == b.shape and bool(torch.equal(a.view(torch.int64), b.view(torch.int64)))
+
+
+def _diff(a, b) -> float:
+    """The largest |a - b| of two state entries (inf where one rank has none or the shapes
+    differ)."""
+    if a is None or b is None or a.shape != b.shape:
+        return float("inf")
+    return float((a - b).abs().max()) if a.numel() else 0.0

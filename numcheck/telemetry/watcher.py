@@ -131,9 +131,13 @@ class Telemetry:
     def __init__(self, model: nn.Module, recipe=None, shadow: bool = False, what_if=(),
                  every: int = 1, enabled: bool = True, rank: int | None = None,
                  inside_compiled: bool = False, digests: bool = False,
-                 replicas: bool | None = None, live_merge: bool = False) -> None:
+                 replicas: bool | None = None, live_merge: bool = False,
+                 optimizer=None) -> None:
         if not isinstance(model, nn.Module):
             raise UsageError(f"watch: model must be an nn.Module, got {type(model).__name__}")
+        if optimizer is not None and not isinstance(getattr(optimizer, "state", None), dict):
+            raise UsageError(f"watch: optimizer={type(optimizer).__name__}: pass the "
+                             "torch.optim.Optimizer that updates the model (its .state is read)")
         every = _steps(every)
         if isinstance(what_if, str) or _is_recipe(what_if):  # one recipe, not a sequence
             what_if = (what_if,)
@@ -189,7 +193,7 @@ class Telemetry:
                 "inside_compiled=True) for per-layer rows, at the cost of graph breaks "
                 "(docs/telemetry.md)", UserWarning, stacklevel=3)
         self.reads = StepReads()
-        self.ranks = Ranks(model, names, replicas)
+        self.ranks = Ranks(model, names, replicas, optimizer=optimizer)
         self.acc = Accumulator(self.reads, self.recipes, rank, bool(digests), self.ranks.on)
         # float64 shadows, copied before any hook of ours exists (deepcopy copies hooks)
         self.shadows = Shadows(model, ops, shadow, self, names)
@@ -437,7 +441,8 @@ class Telemetry:
 def watch(model: nn.Module, recipe=None, shadow: bool = False, what_if=(), every: int = 1, *,
           enabled: bool = True, rank: int | None = None,
           inside_compiled: bool = False, digests: bool = False,
-          replicas: bool | None = None, live_merge: bool = False) -> Telemetry:
+          replicas: bool | None = None, live_merge: bool = False,
+          optimizer=None) -> Telemetry:
     """Attach telemetry to ``model`` (docs/telemetry.md); use as a context manager, or call
     ``close()``. ``recipe``/``what_if``: QuantRecipe names (numcheck.quant.recipe.RECIPES) or
     objects; ``every``: record statistics on every n-th step (the producer check covers every
@@ -450,6 +455,7 @@ def watch(model: nn.Module, recipe=None, shadow: bool = False, what_if=(), every
     parameter agree across ranks (``Telemetry.replicas()``); default: for a
     DistributedDataParallel model under a process group of several ranks. ``live_merge``:
     gather every rank's rows at each recorded step (in the step's one collective), merged
-    by ``Telemetry.merged()`` on every rank."""
+    by ``Telemetry.merged()`` on every rank. ``optimizer``: with the replicas, check its state
+    of each replicated parameter too (moments, momentum, step: ``"fc2.weight:exp_avg_sq"``)."""
     return Telemetry(model, recipe, shadow, what_if, every, enabled, rank, inside_compiled,
-                     digests, replicas, live_merge)
+                     digests, replicas, live_merge, optimizer)

@@ -4,8 +4,9 @@ rank. Prints, per model, the median step time unwatched, watched (statistics, th
 check and the agreement: one all_gather of each rank's producer flag and one digest per
 parameter), and the median time of the agreement alone (``Ranks.after_step``); then the same
 with the live merge (``watch(live_merge=True)``: the agreement becomes one all_gather_object
-of that vector and the rank's rows of the step) and the time of ``merged()`` at the end, all
-from one run of the two ranks on one machine.
+of that vector and the rank's rows of the step) and the time of ``merged()`` at the end, and
+the agreement's time with the optimizer's state checked too (``watch(optimizer=opt)``: one
+more digest per parameter), all from one run of the two ranks on one machine.
 
     python bench/bench_telemetry_ranks.py [--models mlp tiny_lm] [--steps 30]
 """
@@ -33,7 +34,7 @@ def _rank(rank: int, world: int, port: int, models: list, steps: int, q) -> None
     torch.set_num_threads(1)
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     dist.init_process_group("gloo", rank=rank, world_size=world)
-    spent: dict = {"watched": [], "live": []}
+    spent: dict = {"watched": [], "live": [], "state": []}
     mode = "plain"
     plain_after = R.Ranks.after_step
 
@@ -47,10 +48,11 @@ def _rank(rank: int, world: int, port: int, models: list, steps: int, q) -> None
         model, task, lr = build(name, 0)
         m = DDP(model)
         opt = torch.optim.AdamW(m.parameters(), lr=lr)
-        times = {"plain": [], "watched": [], "live": []}
+        times = {"plain": [], "watched": [], "live": [], "state": []}
         merged = []
-        for mode in ("plain", "watched", "live", "plain", "watched", "live"):
-            t = None if mode == "plain" else telemetry.watch(m, live_merge=mode == "live")
+        for mode in ("plain", "watched", "live", "state") * 2:
+            t = None if mode == "plain" else telemetry.watch(
+                m, live_merge=mode == "live", optimizer=opt if mode == "state" else None)
             for step in range(steps):
                 b = task.batch_at(rank, step)
                 t0 = time.perf_counter()
@@ -71,7 +73,7 @@ def _rank(rank: int, world: int, port: int, models: list, steps: int, q) -> None
         med = statistics.median
         out[name] = (med(times["plain"]), med(times["watched"]), med(spent["watched"]),
                      med(times["live"]), med(spent["live"]), merged[-1],
-                     len(list(m.parameters())))
+                     len(list(m.parameters())), med(spent["state"]))
         for v in spent.values():
             v.clear()
     if rank == 0:
@@ -103,11 +105,11 @@ def main() -> None:
     out = q.get()
     print(f"{'model':10s} {'params':>6s} {'plain ms':>9s} {'watched':>8s} {'agreement ms':>13s} "
           f"{'of a plain step':>16s} {'live merge':>11s} {'its agreement ms':>17s} "
-          f"{'merged() ms (rows)':>19s}")
-    for name, (plain, watched, agree, live, agree_live, (mt, rows), n) in out.items():
+          f"{'merged() ms (rows)':>19s} {'+opt. state ms':>15s}")
+    for name, (plain, watched, agree, live, agree_live, (mt, rows), n, state) in out.items():
         print(f"{name:10s} {n:6d} {1e3 * plain:9.2f} {watched / plain:7.2f}x "
               f"{1e3 * agree:13.3f} {agree / plain:15.2f}x {live / plain:10.2f}x "
-              f"{1e3 * agree_live:17.3f} {1e3 * mt:12.1f} ({rows})")
+              f"{1e3 * agree_live:17.3f} {1e3 * mt:12.1f} ({rows}) {1e3 * state:15.3f}")
 
 
 if __name__ == "__main__":

@@ -22,6 +22,8 @@ from dataclasses import dataclass
 
 import torch
 
+from numcheck.telemetry.ranks import gather_vector
+
 __all__ = ["RandomStateViolation", "check"]
 
 
@@ -59,12 +61,7 @@ def _gather(items: dict, group) -> tuple[list[int], torch.Tensor]:
     dist = torch.distributed
     ranks = dist.get_process_group_ranks(group) if group is not None else \
         list(range(dist.get_world_size()))
-    mine = torch.tensor([_digest(v) for v in items.values()], dtype=torch.int64)
-    if dist.get_backend(group) == "nccl":   # NCCL gathers device tensors only
-        mine = mine.cuda()
-    got = [torch.empty_like(mine) for _ in ranks]
-    dist.all_gather(got, mine, group=group)
-    return ranks, torch.stack(got).cpu()
+    return ranks, gather_vector([_digest(v) for v in items.values()], torch.int64, group)
 
 
 def check(shared: dict | None = None, distinct: dict | None = None, shared_group=None,

@@ -30,7 +30,7 @@ from torch import nn
 from numcheck.telemetry.observation import is_dtensor
 
 
-__all__ = ["Ranks", "is_data_parallel", "replica_columns"]
+__all__ = ["Ranks", "gather_vector", "is_data_parallel", "replica_columns"]
 
 # ranks: the lowest rank and the ranks whose copy differs from its copy; max_abs_diff: the
 # largest |difference| from the lowest rank's copy
@@ -93,12 +93,7 @@ class Ranks:
             table = [b[0] for b in both]
             self.gathered += [r for b in both for r in b[1]]
         else:
-            mine = torch.tensor(head + digests, dtype=torch.float64)
-            if dist.get_backend(self.group) == "nccl":
-                mine = mine.cuda()
-            got = [torch.empty_like(mine) for _ in range(world)]
-            dist.all_gather(got, mine, group=self.group)
-            table = [g.cpu().tolist() for g in got]
+            table = gather_vector(head + digests, torch.float64, self.group).tolist()
         named = [(int(t[1]), r) for r, t in enumerate(table) if t[0]]
         earlier = bool(named) and (self.first is None
                                    or min(named) < (self.first.step, self.first.rank))
@@ -138,32 +133,40 @@ class Ranks:
         dist = torch.distributed
         n = len(self.params)
         differ = [i for i in range(len(table[0])) if len({t[i] for t in table}) > 1]
-        # a parameter: its values; an optimizer state (i >= n): its entries
-        mine = [self.params[i][1].detach().to("cpu", torch.float64) if i < n
-                else self._state(self.params[i - n][1]) for i in differ]
+        # each differing digest's entries {suffix: float64 values}: a parameter's one, "";
+        # an optimizer state's (i >= n) one per state entry, ":exp_avg"
+        mine = [{"": self.params[i][1].detach().to("cpu", torch.float64)} if i < n
+                else {f":{k}": v for k, v in self._state(self.params[i - n][1]).items()}
+                for i in differ]
         values: list = [None] * len(table)
         dist.all_gather_object(values, mine, group=self.group)
         for k, i in enumerate(differ):
-            ref = table[0][i]
-            ranks = tuple(r for r, t in enumerate(table) if t[i] != ref)
-            if i < n:
-                diff = max(float((values[r][k] - values[0][k]).abs().max()) for r in ranks)
-                self.rows.append({"step": step, "parameter": self.params[i][0],
-                                  "ranks": (0, *ranks), "max_abs_diff": diff})
-                continue
+            ranks = [r for r, t in enumerate(table) if t[i] != table[0][i]]
             for key in sorted({e for v in values for e in v[k]}):
-                odd = tuple(r for r in ranks if not _same(values[r][k].get(key),
-                                                          values[0][k].get(key)))
+                ref = values[0][k].get(key)
+                odd = tuple(r for r in ranks if not _same(values[r][k].get(key), ref))
                 if odd:
                     self.rows.append({"step": step,
-                                      "parameter": f"{self.params[i - n][0]}:{key}",
+                                      "parameter": self.params[i % n][0] + key,
                                       "ranks": (0, *odd), "max_abs_diff": max(
-                                          _diff(values[r][k].get(key), values[0][k].get(key))
-                                          for r in odd)})
+                                          _diff(values[r][k].get(key), ref) for r in odd)})
 
     def frame(self):
         import pandas as pd
         return pd.DataFrame(self.rows, columns=replica_columns)
+
+
+def gather_vector(values: list, dtype: torch.dtype, group=None) -> torch.Tensor:
+    """Every rank's ``values`` (the same length on each) as a (ranks, len) CPU tensor: one
+    ``all_gather`` over ``group`` (on the GPU where the backend is NCCL, which gathers device
+    tensors only)."""
+    dist = torch.distributed
+    mine = torch.tensor(values, dtype=dtype)
+    if dist.get_backend(group) == "nccl":
+        mine = mine.cuda()
+    got = [torch.empty_like(mine) for _ in range(dist.get_world_size(group))]
+    dist.all_gather(got, mine, group=group)
+    return torch.stack(got).cpu()
 
 
 def _state_digest(state: dict, digest_field) -> float:

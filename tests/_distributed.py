@@ -213,3 +213,42 @@ class RankSeededSigns:
             from numcheck.quant.transforms import hadamard
             t = hadamard(t, self._recipe.hadamard, dim=0, signs=self._signs()).to(t.dtype)
         return self._recipe.qdq(role, t, dim, generator)
+
+
+def llama_state_run(rank: int, world: int, port: int, out: str, plant: bool) -> None:
+    """DDP over a tiny transformers LlamaForCausalLM (tied embeddings, loss and logits from
+    ``labels=``), AdamW, watched with the optimizer; ``plant``: rank 1 nudges one exp_avg_sq
+    entry of layers.0.mlp.down_proj.weight by one ulp after step 1's update. Rank 0 writes
+    the replica table to ``out``/replicas.json."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from numcheck import telemetry
+
+    join(rank, world, port)
+    try:
+        torch.manual_seed(0)
+        model = LlamaForCausalLM(LlamaConfig(
+            vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+            num_attention_heads=4, num_key_value_heads=2, tie_word_embeddings=True))
+        ddp = torch.nn.parallel.DistributedDataParallel(model)
+        opt = torch.optim.AdamW(ddp.parameters(), lr=1e-3)
+        g = torch.Generator().manual_seed(1)
+        rows = 4 // world
+        with telemetry.watch(ddp, optimizer=opt) as t:
+            for step in range(4):
+                ids = torch.randint(0, 64, (4, 16), generator=g)[rank * rows:(rank + 1) * rows]
+                out_ = ddp(input_ids=ids, labels=ids)
+                opt.zero_grad()
+                out_.loss.backward()
+                opt.step()
+                if plant and rank == 1 and step == 1:
+                    s = opt.state[model.model.layers[0].mlp.down_proj.weight]["exp_avg_sq"]
+                    with torch.no_grad():
+                        s[0, 0] = torch.nextafter(s[0, 0], torch.tensor(float("inf")))
+                t.step()
+        if rank == 0:
+            with open(f"{out}/replicas.json", "w") as f:
+                json.dump(t.replicas().assign(ranks=lambda d: d["ranks"].map(list))
+                          .to_dict("records"), f)
+    finally:
+        dist.destroy_process_group()

@@ -165,3 +165,24 @@ def test_plan_keeps_a_llama_layer_with_massive_activations_wider():
     out = fresh(**batches[0])
     out.loss.backward()
     assert torch.isfinite(out.loss) and fresh.model.embed_tokens.weight.grad is not None
+
+
+@pytest.mark.skipif(not torch.distributed.is_available(), reason="no torch.distributed")
+@pytest.mark.xdist_group("ranks")
+@pytest.mark.parametrize("plant", [False, True], ids=["clean", "one-ulp-exp_avg_sq"])
+def test_ddp_llama_optimizer_state_replicas(tmp_path, plant):
+    """Under DDP (2 gloo ranks) with tied embeddings, the replica check with the optimizer
+    finds nothing on a clean run and names a one-ulp nudge of one Adam second moment on rank 1
+    from its step on; the weights stay bitwise equal (the update rounds alike)."""
+    import json
+
+    import _distributed as D
+    D.spawn(D.llama_state_run, 2, str(tmp_path), plant)
+    rows = json.loads((tmp_path / "replicas.json").read_text())
+    if not plant:
+        assert rows == []
+        return
+    assert (rows[0]["step"], rows[0]["parameter"], rows[0]["ranks"]) == \
+        (1, "model.layers.0.mlp.down_proj.weight:exp_avg_sq", [0, 1])
+    assert {r["parameter"] for r in rows} == {"model.layers.0.mlp.down_proj.weight:exp_avg_sq"}
+    assert 0 < rows[0]["max_abs_diff"] < 1e-12

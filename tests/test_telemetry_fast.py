@@ -35,7 +35,7 @@ H = importlib.import_module("numcheck.telemetry.hooks")  # the watch's TorchFunc
 
 CPU = "telemetry-cpu"  # numcheck.measure.backend's kind of the compiled CPU pass
 DTYPES = (torch.float32, torch.float64, torch.bfloat16, torch.float16)
-SIZES = (1, 2, 3, 4, 5, 7, 8, 9, 31, 1000, 4097)
+SIZES = (1, 2, 3, 4, 5, 7, 8, 9, 31, 1000, 2048, 4097, 6151)
 # float fields that are sums of squares, summed in another order by the compiled pass
 SUM_FIELDS = ("sum_sq", "sh_sig_sq", "sh_err_sq", "e2e_sig_sq", "e2e_err_sq")
 
@@ -107,6 +107,12 @@ def test_compiled_pass_equals_torch_route_on_every_dtype(dtype):
               torch.full((9,), -math.inf, dtype=dtype)]
     if dtype is torch.float64:
         cases.append(torch.tensor([1e200, 3.0, 1e-310]))   # x^2 overflows; a subnormal
+    # the finite-first scan's edges: the largest finite magnitude (its bits one below +inf's),
+    # the smallest subnormal alone among zeros of both signs, a lone -0.0
+    fi = torch.finfo(dtype)
+    cases += [torch.tensor([0.0, -fi.max, fi.max, -0.0], dtype=dtype),
+              torch.tensor([-0.0, 0.0, fi.smallest_normal * fi.eps, -0.0], dtype=dtype),
+              torch.tensor([-0.0], dtype=dtype)]
     for x in cases:
         assert _stats_cpu.handles(x)
         got, want = _stats_cpu.raw(x), _torch_plain(x)
@@ -121,6 +127,18 @@ def test_compiled_pass_equals_torch_route_on_every_dtype(dtype):
                 y = x.clone()
                 y.view(-1)[-1] = bad
                 assert not _stats_cpu.finite(y)
+
+
+@pytest.mark.parametrize("n", [1, 7, 2047, 2048, 2049, 6151])
+def test_float32_sum_sq_keeps_the_four_lane_order_across_stretches(n):
+    """The float32 pass sums stretch by stretch (_scan_sumsq32): its sum_sq is the documented
+    order bitwise (element i into lane i mod 4, (s0 + s1) + (s2 + s3)), written out here in
+    plain float64, at sizes around the 2048-element stretch and in a tail."""
+    x = torch.randn(n, generator=torch.Generator().manual_seed(n))
+    lanes = [0.0, 0.0, 0.0, 0.0]
+    for i, a in enumerate(x.double().tolist()):
+        lanes[i % 4] += a * a
+    assert _stats_cpu.raw(x)[7] == (lanes[0] + lanes[1]) + (lanes[2] + lanes[3])
 
 
 def test_compiled_pass_takes_grad_tensors_parameters_and_refuses_the_rest():
@@ -240,6 +258,36 @@ def test_watched_run_records_equal_the_torch_routes(name):
     fast, fast_losses = _records((name, 0), 2, setting)
     assert fast_losses == slow_losses
     _assert_same_records(fast, slow)
+
+
+@pytest.mark.parametrize("name", ["mlp", "tiny_lm"])
+def test_a_recorded_step_reads_each_parameter_once(name, monkeypatch):
+    """A container's producer check reads its children's weights before their own forward
+    does: it reads a recorded row's weight with the full pass then, not the integer pass
+    first and the full one again (one pass per parameter and step; at width 1024 such
+    re-reads were a fifth of the elements a step read)."""
+    obs = importlib.import_module("numcheck.telemetry.observation")
+    model, task, lr = build(name, 0)
+    params = {id(p) for p in model.parameters()}
+    reads: list[int] = []
+    real = obs.read
+
+    def counted(t, full):
+        reads.append(id(t))
+        return real(t, full)
+
+    monkeypatch.setattr(obs, "read", counted)
+    opt = torch.optim.AdamW(model.parameters(), lr=lr)
+    with telemetry.watch(model) as t:
+        for i in range(2):
+            reads.clear()
+            loss = model.loss(task.batch_at(0, i))
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+            t.step()
+            per_param = [reads.count(k) for k in params]
+            assert max(per_param) == 1 and min(per_param) == 1, per_param
 
 
 class _Boom(nn.Module):

@@ -231,6 +231,105 @@ def _counts_i32(b, inf, mask):
 
 
 @njit(error_model="numpy")
+def _finite_scan(b, mask):
+    """(largest magnitude's bits, n_zero, smallest non-zero magnitude's bits - 1 as uint32)
+    with no test against +inf: three reductions instead of _counts_i32's five, measured 2x
+    its speed (4.7 vs 9.1 us per 16384 float32 elements, Intel Xeon AVX512). Where the
+    largest magnitude is below +inf's bits every element is finite and these are the fields;
+    otherwise _counts_i32 reads the tensor again. A zero's m - 1 wraps to 0xFFFFFFFF, above
+    every non-zero magnitude's, so the unsigned min skips zeros without a select."""
+    mask = np.int32(mask)
+    z = np.int32(0)
+    one = np.int32(1)
+    mx = nz = z
+    mn = np.uint32(0xFFFFFFFF)
+    for i in range(b.shape[0]):
+        m = np.int32(b[i] & mask)
+        mx = m if m > mx else mx
+        nz += one if m == z else z
+        u = np.uint32(m) - np.uint32(1)
+        mn = u if u < mn else mn
+    return mx, nz, mn
+
+
+@njit(error_model="numpy")
+def _counts_finite_first(b, inf, mask):
+    """_counts_i32's fields, by _finite_scan where the tensor is finite (the common case)."""
+    mx, nz, mn = _finite_scan(b, mask)
+    if mx >= inf:   # a NaN or an Inf: the full count
+        return _counts_i32(b, inf, mask)
+    return np.int32(0), np.int32(0), nz, mx, _low(mn, inf)
+
+
+@njit(inline="always")
+def _low(mn, inf):
+    """The smallest non-zero magnitude's bits from _finite_scan's unsigned m - 1 (``inf``'s
+    bits where every element is zero, as _counts has it)."""
+    return np.int32(inf) if mn == np.uint32(0xFFFFFFFF) else np.int32(mn + np.uint32(1))
+
+
+_STRETCH = 2048   # elements per stretch of _scan_sumsq32: 8 KiB of float32, in L1 for its
+# second loop; a multiple of 4, so element i stays in sum i mod 4
+
+
+@njit(error_model="numpy")
+def _scan_sumsq32(v, b):
+    """_finite_scan's reductions and _sumsq's sum (the same four lanes, the same order: the
+    same float64 bitwise) of float32 ``v`` / its bits ``b``, stretch by stretch, so that a
+    tensor comes from memory once: measured 2.3x the speed of the two passes one after the
+    other on tensors out of the caches (1.15 vs 2.7 ns an element, 2^21-element float32
+    tensors, Intel Xeon AVX512), the same in cache. The sum takes every element as finite:
+    where the scan finds a NaN or an Inf (largest magnitude >= +inf's bits) the caller
+    counts and sums again. (Fixed-length stretches: with a stretch's end computed per
+    stretch, LLVM vectorized neither loop, 1.4x slower in cache.)"""
+    mask = np.int32(_F32_ABS)
+    z = np.int32(0)
+    one = np.int32(1)
+    mx = nz = z
+    mn = np.uint32(0xFFFFFFFF)
+    s0 = s1 = s2 = s3 = 0.0
+    n = b.shape[0]
+    whole = n - n % _STRETCH
+    for i0 in range(0, whole, _STRETCH):
+        for i in range(i0, i0 + _STRETCH):
+            m = np.int32(b[i] & mask)
+            mx = m if m > mx else mx
+            nz += one if m == z else z
+            u = np.uint32(m) - np.uint32(1)
+            mn = u if u < mn else mn
+        for i in range(i0, i0 + _STRETCH, 4):
+            a0, a1 = np.float64(v[i]), np.float64(v[i + 1])
+            a2, a3 = np.float64(v[i + 2]), np.float64(v[i + 3])
+            s0 += a0 * a0
+            s1 += a1 * a1
+            s2 += a2 * a2
+            s3 += a3 * a3
+    for i in range(whole, n):   # the tail (``whole`` is a multiple of 4), as above
+        m = np.int32(b[i] & mask)
+        mx = m if m > mx else mx
+        nz += one if m == z else z
+        u = np.uint32(m) - np.uint32(1)
+        mn = u if u < mn else mn
+    q = n - n % 4
+    for i in range(whole, q, 4):
+        a0, a1 = np.float64(v[i]), np.float64(v[i + 1])
+        a2, a3 = np.float64(v[i + 2]), np.float64(v[i + 3])
+        s0 += a0 * a0
+        s1 += a1 * a1
+        s2 += a2 * a2
+        s3 += a3 * a3
+    for i in range(q, n):
+        a = np.float64(v[i])
+        if i % 4 == 0:
+            s0 += a * a
+        elif i % 4 == 1:
+            s1 += a * a
+        else:
+            s2 += a * a
+    return mx, nz, mn, (s0 + s1) + (s2 + s3)
+
+
+@njit(error_model="numpy")
 def _sumsq(v, finite):
     """sum x^2 in float64 over the finite elements of a float32/float64 vector, four partial
     sums (element i into sum i mod 4) added as (s0 + s1) + (s2 + s3). ``finite``: no NaN or
@@ -273,8 +372,15 @@ def _sumsq(v, finite):
 @njit(error_model="numpy")
 def _float_pass(v, b, inf, mask, sums):
     """float32 / float64: (n_nan, n_inf, n_zero, amax, min_nonzero, sum_sq or NaN)."""
+    if mask == _F32_ABS and b.shape[0] < 2**31 and sums:
+        mx, nz, mn, s = _scan_sumsq32(v, b)
+        if mx < _F32_INF:   # all finite: these are the fields (else counted again below)
+            low = _low(mn, _F32_INF)
+            mnz = np.inf if low == _F32_INF else np.float64(np.int32(low).view(np.float32))
+            return (0.0, 0.0, np.float64(nz), np.float64(np.int32(mx).view(np.float32)),
+                    mnz, s)
     if mask == _F32_ABS and b.shape[0] < 2**31:
-        nn, ni, nz, mx, mn = _counts_i32(b, _F32_INF, _F32_ABS)
+        nn, ni, nz, mx, mn = _counts_finite_first(b, _F32_INF, _F32_ABS)
     else:
         nn, ni, nz, mx, mn = _counts(b, inf, mask)
     if mask > _F32_ABS:  # float64: the extreme magnitudes' bits, decoded by a view
@@ -349,7 +455,7 @@ def _half_pass(b, bf16, sums):
     """bf16 (``bf16``) or fp16 bits: (n_nan, n_inf, n_zero, amax, min_nonzero, sum_sq or NaN)."""
     inf = _BF16_INF if bf16 else _FP16_INF
     if b.shape[0] < 2**31:
-        nn, ni, nz, mx, mn = _counts_i32(b, inf, _HALF_ABS)
+        nn, ni, nz, mx, mn = _counts_finite_first(b, inf, _HALF_ABS)
     else:
         nn, ni, nz, mx, mn = _counts(b, inf, _HALF_ABS)
     amax = _bf16_value(mx) if bf16 else _fp16_value(mx)

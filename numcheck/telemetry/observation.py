@@ -126,17 +126,19 @@ class StepReads:
         self.memo[id(t)] = (weakref.ref(t), tag, p, not isinstance(p, list) or p[7] == p[7])
         return p
 
-    def observe(self, ts: list[torch.Tensor], full: bool = False, fresh: set = frozenset()):
+    def observe(self, ts: list[torch.Tensor], full: bool = False, fresh: set = frozenset(),
+                full_ids=()):
         """What the producer check reads of ts: their finiteness and plain statistics, as one
         observation (merge_obs; None for no tensors). CPU tensors take the compiled pass; on
         CPU only its integer half runs (sum_sq NaN: NonFinite.inputs does not show it)
-        unless ``full``: the hook records these tensors next. Tensors whose id is in
-        ``fresh`` are read again, not taken from the step's memo."""
+        unless ``full`` (or the tensor's id is in ``full_ids``): the hooks record these
+        tensors later in the step. Tensors whose id is in ``fresh`` are read again, not taken
+        from the step's memo."""
         obs = None
         for t in ts:
             if t.numel() == 0:   # nothing to read: finite, identity statistics
                 p = list(fields.PLAIN_IDENTITY)
             else:
-                p = self.fields_of(t, full, id(t) in fresh)
+                p = self.fields_of(t, full or id(t) in full_ids, id(t) in fresh)
             obs = merge_obs(obs, p if isinstance(p, list) else Pending(None, (p,)))
         return obs

@@ -230,6 +230,16 @@ def _counts_i32(b, inf, mask):
     return nn, ni, nz, mx, mn
 
 
+@njit(inline="always")
+def _scan_one(m, mx, nz, mn):
+    """One magnitude m (int32) into _finite_scan's running (largest, zeros, smallest non-zero
+    - 1 as uint32); selects, not branches: the loops stay vectorizable."""
+    mx = m if m > mx else mx
+    nz += np.int32(1) if m == np.int32(0) else np.int32(0)
+    u = np.uint32(m) - np.uint32(1)
+    return mx, nz, u if u < mn else mn
+
+
 @njit(error_model="numpy")
 def _finite_scan(b, mask):
     """(largest magnitude's bits, n_zero, smallest non-zero magnitude's bits - 1 as uint32)
@@ -239,16 +249,10 @@ def _finite_scan(b, mask):
     otherwise _counts_i32 reads the tensor again. A zero's m - 1 wraps to 0xFFFFFFFF, above
     every non-zero magnitude's, so the unsigned min skips zeros without a select."""
     mask = np.int32(mask)
-    z = np.int32(0)
-    one = np.int32(1)
-    mx = nz = z
+    mx = nz = np.int32(0)
     mn = np.uint32(0xFFFFFFFF)
     for i in range(b.shape[0]):
-        m = np.int32(b[i] & mask)
-        mx = m if m > mx else mx
-        nz += one if m == z else z
-        u = np.uint32(m) - np.uint32(1)
-        mn = u if u < mn else mn
+        mx, nz, mn = _scan_one(np.int32(b[i] & mask), mx, nz, mn)
     return mx, nz, mn
 
 
@@ -283,41 +287,21 @@ def _scan_sumsq32(v, b):
     counts and sums again. (Fixed-length stretches: with a stretch's end computed per
     stretch, LLVM vectorized neither loop, 1.4x slower in cache.)"""
     mask = np.int32(_F32_ABS)
-    z = np.int32(0)
-    one = np.int32(1)
-    mx = nz = z
+    mx = nz = np.int32(0)
     mn = np.uint32(0xFFFFFFFF)
     s0 = s1 = s2 = s3 = 0.0
     n = b.shape[0]
     whole = n - n % _STRETCH
     for i0 in range(0, whole, _STRETCH):
         for i in range(i0, i0 + _STRETCH):
-            m = np.int32(b[i] & mask)
-            mx = m if m > mx else mx
-            nz += one if m == z else z
-            u = np.uint32(m) - np.uint32(1)
-            mn = u if u < mn else mn
+            mx, nz, mn = _scan_one(np.int32(b[i] & mask), mx, nz, mn)
         for i in range(i0, i0 + _STRETCH, 4):
-            a0, a1 = np.float64(v[i]), np.float64(v[i + 1])
-            a2, a3 = np.float64(v[i + 2]), np.float64(v[i + 3])
-            s0 += a0 * a0
-            s1 += a1 * a1
-            s2 += a2 * a2
-            s3 += a3 * a3
+            s0, s1, s2, s3 = _four(v, i, s0, s1, s2, s3)
     for i in range(whole, n):   # the tail (``whole`` is a multiple of 4), as above
-        m = np.int32(b[i] & mask)
-        mx = m if m > mx else mx
-        nz += one if m == z else z
-        u = np.uint32(m) - np.uint32(1)
-        mn = u if u < mn else mn
+        mx, nz, mn = _scan_one(np.int32(b[i] & mask), mx, nz, mn)
     q = n - n % 4
     for i in range(whole, q, 4):
-        a0, a1 = np.float64(v[i]), np.float64(v[i + 1])
-        a2, a3 = np.float64(v[i + 2]), np.float64(v[i + 3])
-        s0 += a0 * a0
-        s1 += a1 * a1
-        s2 += a2 * a2
-        s3 += a3 * a3
+        s0, s1, s2, s3 = _four(v, i, s0, s1, s2, s3)
     for i in range(q, n):
         a = np.float64(v[i])
         if i % 4 == 0:
@@ -327,6 +311,14 @@ def _scan_sumsq32(v, b):
         else:
             s2 += a * a
     return mx, nz, mn, (s0 + s1) + (s2 + s3)
+
+
+@njit(inline="always")
+def _four(v, i, s0, s1, s2, s3):
+    """Elements i .. i + 3 of v squared in float64 into lanes 0 .. 3 (the sums' fixed order)."""
+    a0, a1 = np.float64(v[i]), np.float64(v[i + 1])
+    a2, a3 = np.float64(v[i + 2]), np.float64(v[i + 3])
+    return s0 + a0 * a0, s1 + a1 * a1, s2 + a2 * a2, s3 + a3 * a3
 
 
 @njit(error_model="numpy")
@@ -339,12 +331,7 @@ def _sumsq(v, finite):
     s0 = s1 = s2 = s3 = 0.0
     if finite:
         for i in range(0, q, 4):
-            a0, a1 = np.float64(v[i]), np.float64(v[i + 1])
-            a2, a3 = np.float64(v[i + 2]), np.float64(v[i + 3])
-            s0 += a0 * a0
-            s1 += a1 * a1
-            s2 += a2 * a2
-            s3 += a3 * a3
+            s0, s1, s2, s3 = _four(v, i, s0, s1, s2, s3)
     else:
         for i in range(0, q, 4):
             a0, a1 = np.float64(v[i]), np.float64(v[i + 1])

@@ -62,17 +62,23 @@ def _part(name: str, steps: int, setting: dict, patch) -> tuple[float, float]:
     if patch:
         setattr(*patch)
     try:
-        plain, watched = _Run(name, None), _Run(name, setting)
-        a, b = [], []
-        for i in range(steps + 3):
-            pa, wb = plain.step(), watched.step()
-            if i >= 3:
-                a.append(pa)
-                b.append(wb)
+        watched = _Run(name, setting)
+        got = _alternate(_Run(name, None), watched, steps)
         watched.close()
     finally:
         if patch:
             setattr(patch[0], patch[1], old)
+    return got
+
+
+def _alternate(plain: _Run, other: _Run, steps: int) -> tuple[float, float]:
+    """(plain median ms, other median ms): the two stepped alternately after 3 warm-up steps."""
+    a, b = [], []
+    for i in range(steps + 3):
+        pa, ob = plain.step(), other.step()
+        if i >= 3:
+            a.append(pa)
+            b.append(ob)
     return statistics.median(a) * 1e3, statistics.median(b) * 1e3
 
 
@@ -105,15 +111,9 @@ def _empty_hooks(model: torch.nn.Module) -> None:
 
 def _floor(name: str, steps: int) -> tuple[float, float]:
     """(plain median ms, median ms with the empty hooks), stepped alternately."""
-    plain, hooked = _Run(name, None), _Run(name, None)
+    hooked = _Run(name, None)
     _empty_hooks(hooked.model)
-    a, b = [], []
-    for i in range(steps + 3):
-        pa, hb = plain.step(), hooked.step()
-        if i >= 3:
-            a.append(pa)
-            b.append(hb)
-    return statistics.median(a) * 1e3, statistics.median(b) * 1e3
+    return _alternate(_Run(name, None), hooked, steps)
 
 
 def _reads_alone(name: str, steps: int) -> tuple[float, float]:

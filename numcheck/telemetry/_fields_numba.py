@@ -302,15 +302,7 @@ def _scan_sumsq32(v, b):
     q = n - n % 4
     for i in range(whole, q, 4):
         s0, s1, s2, s3 = _four(v, i, s0, s1, s2, s3)
-    for i in range(q, n):
-        a = np.float64(v[i])
-        if i % 4 == 0:
-            s0 += a * a
-        elif i % 4 == 1:
-            s1 += a * a
-        else:
-            s2 += a * a
-    return mx, nz, mn, (s0 + s1) + (s2 + s3)
+    return mx, nz, mn, _tail(v, q, s0, s1, s2, s3)
 
 
 @njit(inline="always")
@@ -344,7 +336,14 @@ def _sumsq(v, finite):
             s1 += a1 * a1
             s2 += a2 * a2
             s3 += a3 * a3
-    for i in range(q, n):
+    return _tail(v, q, s0, s1, s2, s3)
+
+
+@njit(inline="always")
+def _tail(v, q, s0, s1, s2, s3):
+    """The last n - q (< 4) elements of v, finite ones only, into lanes 0 .. 2 (q is a multiple
+    of 4), and the four lanes added as (s0 + s1) + (s2 + s3)."""
+    for i in range(q, v.shape[0]):
         a = np.float64(v[i])
         a = a if abs(a) < np.inf else 0.0
         if i % 4 == 0:

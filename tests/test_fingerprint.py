@@ -365,3 +365,24 @@ def test_fingerprint_runs_under_the_pinned_numerics():
 def test_unnamed_kernels_get_distinct_names():
     fp = fingerprint("matmul", _kernel(_seq), dtype="bf16", device="cpu")
     assert fp.kernel == f"{__name__}:_kernel.<locals>.matmul"
+
+
+def test_suite_item_records_a_known_environment_failure_as_known_any_other_as_error():
+    """A kernel that fails the way a documented torch build limitation does (CPU flash SDPA
+    in bf16 under ATEN_CPU_CAPABILITY=avx2 on an AMX machine) is a KNOWN record naming the
+    finding, as the op suites record it; any other failure stays an ERROR record."""
+    from numcheck.forensics.kernel_fingerprint import suite_record
+    from numcheck.records import Status
+
+    def build_limit(q, k, v, **kw):
+        raise RuntimeError("pack_vnni2 is only supported when avx512 is supported")
+
+    rec = suite_record("sdpa", "sdpa_flash", "bf16", "cpu", None, build_limit)
+    assert rec.status == Status.KNOWN and rec.known == "torch-cpu-flash-bf16-avx2-vnni"
+    assert "pack_vnni2" in rec.reason
+
+    def broken(q, k, v, **kw):
+        raise RuntimeError("index out of range in the kernel")
+
+    rec = suite_record("sdpa", "sdpa_flash", "bf16", "cpu", None, broken)
+    assert rec.status == Status.ERROR and not rec.known and "index out of range" in rec.reason

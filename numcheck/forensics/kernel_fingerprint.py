@@ -670,12 +670,22 @@ def suite_record(op: str, kernel: str, dtype: str, device: str, skip: str | None
         return Record(suite="fingerprint", op=op, kernel=kernel, case_id=dtype,
                       output="fingerprint", dtype=dtype, family="fingerprint",
                       status=Status.SKIPPED, reason=skip, device=device)
+    from numcheck.measure import environment
+
+    def failed(status: Status, reason: str, known: str = "") -> Record:
+        return Record(suite="fingerprint", op=op, kernel=kernel, case_id=dtype,
+                      output="fingerprint", dtype=dtype, family="fingerprint",
+                      device_class=environment.device_class(device), status=status,
+                      reason=reason, device=device, known=known)
     try:
         return as_record(fingerprint(op, kernel if fn is None else fn, dtype=dtype,
                                      device=device, kernel_name=kernel))
-    except UsageError as exc:
-        from numcheck.measure import environment
-        return Record(suite="fingerprint", op=op, kernel=kernel, case_id=dtype,
-                      output="fingerprint", dtype=dtype, family="fingerprint",
-                      device_class=environment.device_class(device), status=Status.ERROR,
-                      reason=str(exc), device=device)
+    except Exception as exc:  # noqa: BLE001 - sorted as run.py sorts a case's failure
+        known = environment.known_failure(str(exc))
+        if known is not None:   # the torch build's or the machine's: docs/findings.md
+            from numcheck.verdicts.findings import cite
+            return failed(Status.KNOWN, f"known environment failure {cite(known)}: "
+                          f"{type(exc).__name__}: {exc}", known)
+        if isinstance(exc, UsageError):   # a probe the kernel failed on
+            return failed(Status.ERROR, str(exc))
+        raise
